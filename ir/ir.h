@@ -124,7 +124,9 @@ int ir_verify(const ir_graph *g, const char *after_pass, FILE *err);
 /* Text dump, one op per line:
  *   %12 = linear(%10, %11) {k=1} : bf16[256,128] loc("tiny.moe":21:9)  */
 void ir_print(const ir_graph *g, FILE *out);
-void ir_print_type(const ir_graph *g, const ir_type *t, FILE *out);
+/* Formats a type as "bf16[n0_3,128]" into buf; returns buf. */
+const char *ir_type_str(const ir_graph *g, const ir_type *t, char *buf, size_t len);
+int ir_type_equal(const ir_type *a, const ir_type *b);
 /* Graphviz DOT export of the same graph. */
 void ir_print_dot(const ir_graph *g, FILE *out);
 

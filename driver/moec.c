@@ -1,0 +1,199 @@
+/* moec.c -- the command-line driver: reads flags, then hands over to the front end, the
+ * pass pipeline and the runtime. Kept small on purpose. */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "frontend.h"
+#include "pipeline.h"
+
+#define MAX_SETS 256
+
+typedef struct {
+  const char *file;
+  moec_set sets[MAX_SETS];
+  int n_sets;
+  pipeline_opts pipe;
+  const char *dot;
+} cli;
+
+static const char *usage_main =
+    "moec " MOEC_VERSION " -- compile and train Mixture-of-Experts DNA language models\n"
+    "\n"
+    "usage: moec COMMAND FILE.moe [options]\n"
+    "\n"
+    "commands:\n"
+    "  check   parse, lower and verify a model; print a one-line summary\n"
+    "  dump    print the IR (after lowering, or after any pass)\n"
+    "\n"
+    "Run 'moec COMMAND --help' for a command's options; docs/language.md describes .moe files.\n";
+
+static const char *usage_check =
+    "usage: moec check FILE.moe [--set NAME=VALUE]...\n"
+    "\n"
+    "Parses, lowers and verifies FILE.moe and prints its parameter counts.\n"
+    "  --set NAME=VALUE   override a size or training value (see docs/language.md)\n";
+
+static const char *usage_dump =
+    "usage: moec dump FILE.moe [options]\n"
+    "\n"
+    "Prints the IR after lowering and the passes. Each section starts with\n"
+    "'// ----- IR after NAME ----- //'.\n"
+    "  --set NAME=VALUE        override a size or training value\n"
+    "  --passes=LIST           run only these passes (comma-separated), in pipeline order\n"
+    "  --disable-pass=LIST     skip these passes\n"
+    "  --print-after=all|LIST  print the IR after these passes (default: the final IR)\n"
+    "  --dot=OUT.dot           also write the final IR as a Graphviz graph\n";
+
+static void print_passes(FILE *out) {
+  int n;
+  const pass_info *t = pass_table(&n);
+  fputs("\npasses (in pipeline order):\n  lower              the front end's AST -> IR lowering (always first)\n", out);
+  for (int i = 0; i < n; i++) fprintf(out, "  %-18s %s\n", t[i].name, t[i].summary);
+}
+
+/* Matches "--name=value" or "--name value"; advances *i past a separate value. */
+static int take_flag(int argc, char **argv, int *i, const char *name, const char **value) {
+  size_t n = strlen(name);
+  if (strncmp(argv[*i], name, n) != 0) return 0;
+  if (argv[*i][n] == '=') {
+    *value = argv[*i] + n + 1;
+    return 1;
+  }
+  if (argv[*i][n] != 0) return 0;
+  if (*i + 1 >= argc) {
+    fprintf(stderr, "moec: error: %s needs a value\n", name);
+    exit(1);
+  }
+  *value = argv[++*i];
+  return 1;
+}
+
+static int parse_args(int argc, char **argv, cli *c, const char *usage) {
+  memset(c, 0, sizeof *c);
+  c->pipe.dump = stdout;
+  for (int i = 2; i < argc; i++) {
+    const char *v;
+    if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+      fputs(usage, stdout);
+      if (usage == usage_dump) print_passes(stdout);
+      exit(0);
+    } else if (take_flag(argc, argv, &i, "--set", &v)) {
+      const char *eq = strchr(v, '=');
+      if (!eq || eq == v) {
+        fprintf(stderr, "moec: error: --set %s: expected NAME=VALUE, e.g. --set top_k=1\n", v);
+        return -1;
+      }
+      if (c->n_sets == MAX_SETS) {
+        fprintf(stderr, "moec: error: more than %d --set options\n", MAX_SETS);
+        return -1;
+      }
+      /* argv strings are ours to split */
+      argv[i] = (char *)v;
+      ((char *)eq)[0] = 0;
+      c->sets[c->n_sets++] = (moec_set){v, eq + 1};
+    } else if (take_flag(argc, argv, &i, "--passes", &v)) {
+      c->pipe.passes = v;
+    } else if (take_flag(argc, argv, &i, "--disable-pass", &v)) {
+      c->pipe.disable = v;
+    } else if (take_flag(argc, argv, &i, "--print-after", &v)) {
+      c->pipe.print_after = v;
+    } else if (take_flag(argc, argv, &i, "--dot", &v)) {
+      c->dot = v;
+    } else if (argv[i][0] == '-' && argv[i][1]) {
+      fprintf(stderr, "moec: error: unknown option '%s' (see 'moec %s --help')\n", argv[i], argv[1]);
+      return -1;
+    } else if (!c->file) {
+      c->file = argv[i];
+    } else {
+      fprintf(stderr, "moec: error: more than one input file ('%s' and '%s')\n", c->file, argv[i]);
+      return -1;
+    }
+  }
+  if (!c->file) {
+    fprintf(stderr, "moec: error: no input file\n%s", usage);
+    return -1;
+  }
+  return pipeline_check_opts(&c->pipe, stderr);
+}
+
+static void count_params(const ir_graph *g, double *total, double *active) {
+  double dense = 0, expert = 0;
+  for (int i = 0; i < g->n_nodes; i++) {
+    const ir_node *n = &g->nodes[i];
+    if (n->op != OP_PARAM) continue;
+    double numel = (double)ir_type_numel_bound(g, &n->type);
+    if (ir_get_int(n, "expert", -1) >= 0) expert += numel;
+    else dense += numel;
+  }
+  *total = dense + expert;
+  *active = dense + (g->cfg.experts > 0 ? expert * (double)g->cfg.top_k / (double)g->cfg.experts : expert);
+}
+
+static const char *human(double x, char *buf, size_t n) {
+  if (x >= 1e9) snprintf(buf, n, "%.2fB", x / 1e9);
+  else if (x >= 1e6) snprintf(buf, n, "%.2fM", x / 1e6);
+  else if (x >= 1e3) snprintf(buf, n, "%.1fK", x / 1e3);
+  else snprintf(buf, n, "%.0f", x);
+  return buf;
+}
+
+static int cmd_check(int argc, char **argv) {
+  cli c;
+  if (parse_args(argc, argv, &c, usage_check)) return 1;
+  ir_graph *g = moec_frontend_load(c.file, c.sets, c.n_sets, stderr);
+  if (!g) return 1;
+  double total, active;
+  char a[32], b[32];
+  count_params(g, &total, &active);
+  printf("%s: ok: %s parameters (%.0f), %s active per token (%.0f); %" PRId64 " layers, %" PRId64
+         " experts, top-%" PRId64 "; %d IR ops\n",
+         g->model_name, human(total, a, sizeof a), total, human(active, b, sizeof b), active,
+         g->cfg.layers, g->cfg.experts, g->cfg.top_k, g->n_nodes);
+  ir_graph_free(g);
+  return 0;
+}
+
+static int cmd_dump(int argc, char **argv) {
+  cli c;
+  if (parse_args(argc, argv, &c, usage_dump)) return 1;
+  ir_graph *g = moec_frontend_load(c.file, c.sets, c.n_sets, stderr);
+  if (!g) return 1;
+  int rc = pipeline_run(&g, &c.pipe, stderr);
+  if (rc == 0 && !c.pipe.print_after) {
+    pipeline_print_header("pipeline", stdout);
+    ir_print(g, stdout);
+  }
+  if (rc == 0 && c.dot) {
+    FILE *f = fopen(c.dot, "w");
+    if (!f) {
+      fprintf(stderr, "moec: error: --dot=%s: cannot write: %s\n", c.dot, strerror(errno));
+      rc = -1;
+    } else {
+      ir_print_dot(g, f);
+      if (fclose(f) != 0) {
+        fprintf(stderr, "moec: error: --dot=%s: write failed: %s\n", c.dot, strerror(errno));
+        rc = -1;
+      }
+    }
+  }
+  ir_graph_free(g);
+  return rc == 0 ? 0 : 1;
+}
+
+int main(int argc, char **argv) {
+  if (argc < 2 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "help") == 0) {
+    fputs(usage_main, argc < 2 ? stderr : stdout);
+    return argc < 2 ? 1 : 0;
+  }
+  if (strcmp(argv[1], "--version") == 0) {
+    printf("moec %s\n", MOEC_VERSION);
+    return 0;
+  }
+  if (strcmp(argv[1], "check") == 0) return cmd_check(argc, argv);
+  if (strcmp(argv[1], "dump") == 0) return cmd_dump(argc, argv);
+  fprintf(stderr, "moec: error: unknown command '%s'; the commands are check, dump (see 'moec --help')\n", argv[1]);
+  return 1;
+}

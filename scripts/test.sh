@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Runs every test: installs the build dependencies, builds, runs the suite with ctest, then
+# builds again with AddressSanitizer + UndefinedBehaviorSanitizer and runs the suite again.
+# GPU tests skip (and say so) on a machine without a GPU.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/deps.sh
+jobs=$(nproc)
+cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+cmake --build build -j "$jobs"
+ctest --test-dir build --output-on-failure -j "$jobs"
+if [ "${MOEC_SKIP_SANITIZE:-0}" != 1 ]; then
+  cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DMOEC_SANITIZE=ON >/dev/null
+  cmake --build build-asan -j "$jobs"
+  ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
+    ctest --test-dir build-asan --output-on-failure -j "$jobs"
+fi
+echo "moec: all tests passed"
