@@ -45,6 +45,7 @@ static const char *usage_dump =
     "  --passes=LIST           run only these passes (comma-separated), in pipeline order\n"
     "  --disable-pass=LIST     skip these passes\n"
     "  --print-after=all|LIST  print the IR after these passes (default: the final IR)\n"
+    "  --train                 build the whole training step: forward, loss, backward, AdamW\n"
     "  --dot=OUT.dot           also write the final IR as a Graphviz graph\n";
 
 static void print_passes(FILE *out) {
@@ -100,6 +101,8 @@ static int parse_args(int argc, char **argv, cli *c, const char *usage) {
       c->pipe.disable = v;
     } else if (take_flag(argc, argv, &i, "--print-after", &v)) {
       c->pipe.print_after = v;
+    } else if (strcmp(argv[i], "--train") == 0) {
+      c->pipe.train = 1;
     } else if (take_flag(argc, argv, &i, "--dot", &v)) {
       c->dot = v;
     } else if (argv[i][0] == '-' && argv[i][1]) {
