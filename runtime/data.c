@@ -8,6 +8,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -41,10 +42,7 @@ static uint8_t comp_tab[256];    /* complement, case-preserving; BOS <-> EOS */
 static uint8_t keep_tab[256];    /* sequence byte -> token (0: not a base) */
 static uint8_t upper_tab[256];   /* same, lowercase folded to uppercase */
 
-static void tables_init_once(void) {
-  /* Idempotent: every call writes the same values, so a race between threads is benign. */
-  static volatile int done = 0;
-  if (done) return;
+static void tables_init(void) {
   for (int c = 0; c < 256; c++) comp_tab[c] = (uint8_t)c;
   for (int i = 0; IUPAC[i]; i++) {
     int u = (unsigned char)IUPAC[i], l = u + ('a' - 'A');
@@ -58,7 +56,11 @@ static void tables_init_once(void) {
   comp_tab[DATA_BOS] = DATA_EOS;
   comp_tab[DATA_EOS] = DATA_BOS;
   for (const char *p = "ACGTacgt"; *p; p++) is_acgt_tab[(unsigned char)*p] = 1;
-  done = 1;
+}
+
+static void tables_init_once(void) {
+  static pthread_once_t once = PTHREAD_ONCE_INIT;
+  pthread_once(&once, tables_init);
 }
 
 int data_complement(int token) {
@@ -287,6 +289,14 @@ static int read_fasta(loader *L, data_progress_fn progress, void *ctx, int64_t t
              L->path, (long long)L->lineno);
         goto parse_error;
       }
+      const char *cr = memchr(s, '\r', n);
+      if (cr) {
+        fail(L->err, L->errlen,
+             "%s:%lld:%zu: error: carriage return inside a line: the file seems to use old Mac "
+             "line ends (CR only); convert them, e.g. `tr '\\r' '\\n' < %s > fixed.fa`",
+             L->path, (long long)L->lineno, (size_t)(cr - s) + 1, L->path);
+        goto parse_error;
+      }
       end_record(L, 0, header_line);
       if (start_record(L, s, n)) goto oom;
       header_line = L->lineno;
@@ -505,7 +515,11 @@ data_set *data_open_cb(const char *path, const data_opts *o, data_progress_fn pr
                        void *ctx, char *err, size_t errlen) {
   tables_init_once();
   if (err && errlen) err[0] = 0;
-  if (!path) path = "(null)";
+  if (!path || !*path) {
+    fail(err, errlen,
+         "(no path): error: no FASTA file given; name one (e.g. data/chr20_slice.fa.gz)");
+    return NULL;
+  }
   if (check_opts(path, o, err, errlen)) return NULL;
   int64_t seq = o->seq, stride = o->stride ? o->stride : o->seq;
   double vf = o->val_fraction;
