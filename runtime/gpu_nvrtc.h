@@ -46,9 +46,10 @@ int gpu_nvrtc_supports(int sm);
  * driver compiles at load. Writes "" when NVRTC knows nothing that old. */
 void gpu_nvrtc_pick_arch(int cc_major, int cc_minor, char *arch, size_t len);
 
-/* The options every moec kernel is compiled with (besides the arch): C++17, and
- * --fmad=false, so that a*b+c rounds twice as in the CPU reference (these kernels are
- * memory-bound; contraction would buy nothing and cost bit-parity). NULL-terminated. */
+/* The options every moec kernel is compiled with (besides the arch): C++17; --fmad=false,
+ * so that a*b+c rounds twice as in the CPU reference (these kernels are memory-bound:
+ * contraction would buy nothing and cost bit-parity); line info, so that compute-sanitizer
+ * and profilers point at generated source lines. NULL-terminated. */
 extern const char *const gpu_nvrtc_base_options[];
 
 /* Compiles `src` (module `name`, used for file names and messages). On success *out owns the
