@@ -132,3 +132,9 @@ const char *ast_type_name(ast_type t) {
   }
   return "a value";
 }
+
+const char *ast_fmt_float(double v, char *buf) {
+  snprintf(buf, 32, "%.15g", v);
+  if (!strpbrk(buf, ".eEni")) strcat(buf, ".0");
+  return buf;
+}

@@ -10,7 +10,7 @@
 
 #include "diag.h"
 
-#define AST_MAX_DEPTH 100 /* deepest expression tree; deeper is an error, not a crash */
+#define AST_MAX_DEPTH 256 /* deepest expression tree; deeper is an error, not a crash */
 
 typedef struct ast_arena ast_arena;
 ast_arena *ast_arena_new(void);
@@ -120,6 +120,8 @@ void ast_arg_push(ast_arena *a, ast_expr *e, const char *name, diag_span name_sp
 /* Sets e->depth from its children; returns it. */
 int ast_depth(ast_expr *e);
 
-const char *ast_type_name(ast_type t); /* "an integer", "a string", ... */
+const char *ast_type_name(ast_type t);
+/* A float as a user would write it: 2.0, 0.001, 1e+30 (buf of at least 32 bytes). */
+const char *ast_fmt_float(double v, char *buf); /* "an integer", "a string", ... */
 
 #endif

@@ -42,6 +42,8 @@ typedef struct parse_state {
   parse_open open[PARSE_MAX_NEST];
   int depth;
   parse_open snap;          /* innermost open bracket before the last token (ch 0: none) */
+  int snap_depth;           /* open brackets before the last token */
+  int prev_line, cur_line;  /* where the token before the last one ended, and the last one */
   diag_span comment_start;  /* of an open block comment */
   int fatal;                /* nesting limit hit: the rest of the file is skipped */
   int errors;               /* syntax and lexical errors in this source */
@@ -292,38 +294,47 @@ field:
 
 static const char *close_of(char c) { return c == '(' ? ")" : c == '[' ? "]" : "}"; }
 
-/* How a token reads in a message: "name 'foo'", "end of line", "'+'". */
-static void describe(parse_state *ps, yysymbol_kind_t k, const diag_span *at, char *buf, size_t n) {
+/* How an expected token reads: "name", "number", "end of line", "'}'". */
+static void token_text(yysymbol_kind_t k, char *buf, size_t n) {
   switch (k) {
-  case YYSYMBOL_YYEOF: snprintf(buf, n, "end of file"); return;
+  case YYSYMBOL_YYEOF: snprintf(buf, n, "end of input"); return;
   case YYSYMBOL_NEWLINE: snprintf(buf, n, "end of line"); return;
-  case YYSYMBOL_NAME:
-  case YYSYMBOL_INT:
-  case YYSYMBOL_FLOAT:
-  case YYSYMBOL_STRING: {
-    const char *what = k == YYSYMBOL_NAME ? "name" : k == YYSYMBOL_STRING ? "string" : "number";
-    const char *start;
-    size_t len = 0;
-    /* quote the token's text from the source, clipped */
-    const diag_file *f = ps->file;
-    const char *p = f->text, *end = f->text + f->len;
-    for (int l = 1; l < at->line && p < end; l++) {
-      const char *nl = memchr(p, '\n', (size_t)(end - p));
-      p = nl ? nl + 1 : end;
-    }
-    start = p + (at->col - 1);
-    if (start < end && at->end_line == at->line && at->end_col > at->col) len = (size_t)(at->end_col - at->col);
-    if (start >= end) len = 0;
-    if (start + len > end) len = (size_t)(end - start);
-    if (len > 32) snprintf(buf, n, "%s '%.32s...'", what, start);
-    else snprintf(buf, n, "%s '%.*s'", what, (int)len, start);
+  case YYSYMBOL_NAME: snprintf(buf, n, "name"); return;
+  case YYSYMBOL_INT: case YYSYMBOL_FLOAT: snprintf(buf, n, "number"); return;
+  case YYSYMBOL_STRING: snprintf(buf, n, "string"); return;
+  default: snprintf(buf, n, "'%s'", yysymbol_name(k)); return;
+  }
+}
+
+/* How the unexpected token reads: as above, with the text of names and numbers. */
+static void describe(parse_state *ps, yysymbol_kind_t k, const diag_span *at, char *buf, size_t n) {
+  if (k == YYSYMBOL_YYEOF) {
+    snprintf(buf, n, "%s", ps->file->plain ? "end of the value" : "end of file");
     return;
   }
-  default: break;
+  if (k != YYSYMBOL_NAME && k != YYSYMBOL_INT && k != YYSYMBOL_FLOAT) {
+    token_text(k, buf, n);
+    return;
   }
-  const char *name = yysymbol_name(k);
-  if (name[0] == '\'' || name[0] == '"') snprintf(buf, n, "'%.*s'", (int)strlen(name) - 2, name + 1);
-  else snprintf(buf, n, "%s", name);
+  const diag_file *f = ps->file;
+  const char *p = f->text, *end = f->text + f->len;
+  for (int l = 1; l < at->line && p < end; l++) {
+    const char *nl = memchr(p, '\n', (size_t)(end - p));
+    p = nl ? nl + 1 : end;
+  }
+  const char *start = p + (at->col - 1);
+  size_t len = 0;
+  if (start < end && at->end_line == at->line && at->end_col > at->col) len = (size_t)(at->end_col - at->col);
+  if (start >= end) len = 0;
+  else if (len > (size_t)(end - start)) len = (size_t)(end - start);
+  const char *what = k == YYSYMBOL_NAME ? "name" : "number";
+  if (len > 32) snprintf(buf, n, "%s '%.32s...'", what, start);
+  else snprintf(buf, n, "%s '%.*s'", what, (int)len, start);
+}
+
+static int is_expr_start(yysymbol_kind_t k) {
+  return k == YYSYMBOL_INT || k == YYSYMBOL_FLOAT || k == YYSYMBOL_STRING || k == YYSYMBOL_TRUE ||
+         k == YYSYMBOL_FALSE || k == YYSYMBOL_NAME || k == YYSYMBOL_LP || k == YYSYMBOL_MINUS || k == YYSYMBOL_LC;
 }
 
 static int yyreport_syntax_error(const yypcontext_t *ctx, yyscan_t scanner, parse_state *ps) {
@@ -331,60 +342,59 @@ static int yyreport_syntax_error(const yypcontext_t *ctx, yyscan_t scanner, pars
   if (ps->fatal || ps->diag->stopped) return 0;
   yysymbol_kind_t look = yypcontext_token(ctx);
   const diag_span *at = yypcontext_location(ctx);
-  yysymbol_kind_t exp[32];
-  int n = yypcontext_expected_tokens(ctx, exp, 32);
+  yysymbol_kind_t exp[YYNTOKENS];
+  int n = yypcontext_expected_tokens(ctx, exp, YYNTOKENS);
   if (n < 0) n = 0;
-  /* An unclosed bracket whose closer would fit here */
-  if (ps->snap.ch && (look == YYSYMBOL_YYEOF || look == YYSYMBOL_NEWLINE || look == YYSYMBOL_RP ||
-                      look == YYSYMBOL_RB || look == YYSYMBOL_RC)) {
-    const char *want = close_of(ps->snap.ch);
+  /* A bracket left open: its closer would fit here, and the file ends, another closer
+   * comes, or (for ( and [) the text goes on on a later line. */
+  if (ps->snap.ch) {
+    char want = close_of(ps->snap.ch)[0];
+    yysymbol_kind_t wk = want == ')' ? YYSYMBOL_RP : want == ']' ? YYSYMBOL_RB : YYSYMBOL_RC;
     int fits = 0;
-    for (int i = 0; i < n; i++) {
-      const char *nm = yysymbol_name(exp[i]);
-      if (nm[0] == '"' && nm[1] == want[0] && nm[2] == '"') fits = 1;
-    }
-    char got = look == YYSYMBOL_RP ? ')' : look == YYSYMBOL_RB ? ']' : look == YYSYMBOL_RC ? '}' : 0;
-    if (fits && got != want[0] && look != YYSYMBOL_NEWLINE) {
-      parse_error(ps, *at, "expected '%s' (to close '%c' at line %d)", want, ps->snap.ch, ps->snap.line);
+    for (int i = 0; i < n; i++)
+      if (exp[i] == wk) fits = 1;
+    /* a closer that closed an outer bracket, skipping this one */
+    int other_closer = (look == YYSYMBOL_RP || look == YYSYMBOL_RB || look == YYSYMBOL_RC) && look != wk &&
+                       ps->depth < ps->snap_depth;
+    int later_line = ps->snap.ch != '{' && at->line > ps->snap.line && at->line > ps->prev_line &&
+                     look != YYSYMBOL_NEWLINE && look != YYSYMBOL_YYEOF;
+    int comma = 0;
+    for (int i = 0; i < n; i++)
+      if (exp[i] == YYSYMBOL_COMMA) comma = 1;
+    if (fits && (look == YYSYMBOL_YYEOF || other_closer || later_line)) {
+      if (ps->file->plain)
+        parse_error(ps, *at, "expected '%c' (to close '%c')", want, ps->snap.ch);
+      else
+        parse_error(ps, *at, "expected %s'%c' (to close '%c' at line %d)", comma && later_line ? "',' or " : "", want,
+                    ps->snap.ch, ps->snap.line);
+      /* Take the bracket as closed, so that the lines after it read as statements again. */
+      if (later_line && ps->depth > 0 && ps->open[ps->depth - 1].ch == ps->snap.ch &&
+          ps->open[ps->depth - 1].line == ps->snap.line)
+        ps->depth--;
       return 0;
     }
   }
   char got[96];
   describe(ps, look, at, got, sizeof got);
   /* The expected list, with the starts of an expression folded into "expression". */
-  const char *names[32];
+  char names[YYNTOKENS][48];
   int m = 0, has_expr = 0;
   for (int i = 0; i < n; i++)
     if (exp[i] == YYSYMBOL_INT) has_expr = 1;
   for (int i = 0; i < n; i++) {
-    const char *nm;
-    yysymbol_kind_t k = exp[i];
-    if (has_expr && (k == YYSYMBOL_INT || k == YYSYMBOL_FLOAT || k == YYSYMBOL_STRING || k == YYSYMBOL_TRUE ||
-                     k == YYSYMBOL_FALSE || k == YYSYMBOL_NAME || k == YYSYMBOL_LP ||
-                     k == YYSYMBOL_MINUS || k == YYSYMBOL_LC))
-      nm = "expression";
-    else if (k == YYSYMBOL_NAME) nm = "name";
-    else if (k == YYSYMBOL_STRING) nm = "string";
-    else if (k == YYSYMBOL_INT || k == YYSYMBOL_FLOAT) nm = "number";
-    else if (k == YYSYMBOL_NEWLINE) nm = "end of line";
-    else if (k == YYSYMBOL_YYEOF) nm = "end of file";
-    else nm = yysymbol_name(k);
+    char nm[48];
+    if (has_expr && is_expr_start(exp[i])) snprintf(nm, sizeof nm, "expression");
+    else token_text(exp[i], nm, sizeof nm);
     int dup = 0;
     for (int j = 0; j < m; j++)
       if (strcmp(names[j], nm) == 0) dup = 1;
-    if (!dup) names[m++] = nm;
+    if (!dup) memcpy(names[m++], nm, sizeof nm);
   }
   char list[256] = "";
   if (m >= 1 && m <= 4) {
     size_t k = 0;
-    for (int i = 0; i < m; i++) {
-      const char *nm = names[i];
-      char q[48];
-      if (nm[0] == '"' || nm[0] == '\'') snprintf(q, sizeof q, "'%.*s'", (int)strlen(nm) - 2, nm + 1);
-      else snprintf(q, sizeof q, "%s", nm);
-      k += (size_t)snprintf(list + k, sizeof list - k, "%s%s", i == 0 ? "; expected " : i == m - 1 ? " or " : ", ", q);
-      if (k >= sizeof list) break;
-    }
+    for (int i = 0; i < m && k < sizeof list; i++)
+      k += (size_t)snprintf(list + k, sizeof list - k, "%s%s", i == 0 ? "; expected " : i == m - 1 ? " or " : ", ", names[i]);
   }
   parse_error(ps, *at, "unexpected %s%s", got, list);
   return 0;

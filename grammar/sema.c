@@ -243,11 +243,12 @@ static int bind_args(sema *S, ast_expr *call, int n_params, int n_required, cons
 
 static int want_int(sema *S, ast_expr *e, const char *fname, const char *what, int64_t min, int64_t max,
                     int64_t *out, const sema_var **origin) {
+  char fb[40];
   sv v = sema_eval(S, e);
   if (v.ty == TY_ERROR) return -1;
   if (v.ty != TY_INT) {
     if (v.ty == TY_FLOAT)
-      diag_error(S->d, e->span, "%s: '%s' must be an integer, got a float (%g)", fname, what, v.f);
+      diag_error(S->d, e->span, "%s: '%s' must be an integer, got a float (%s)", fname, what, ast_fmt_float(v.f, fb));
     else
       diag_error(S->d, e->span, "%s: '%s' must be an integer, got %s", fname, what, ast_type_name(v.ty));
     sema_note_origin(S, v.origin);
@@ -489,6 +490,7 @@ static sv call_rmsnorm(sema *S, ast_expr *e, ast_expr **a) {
 }
 
 static sv call_linear(sema *S, ast_expr *e, ast_expr **a) {
+  char fb[40];
   sv x, w = sv_err();
   int bias = 0;
   int bad = want_tensor(S, a[0], "linear", "x", &x);
@@ -517,7 +519,7 @@ static sv call_linear(sema *S, ast_expr *e, ast_expr **a) {
     }
   } else if (o.ty != TY_ERROR) {
     if (o.ty == TY_FLOAT)
-      diag_error(S->d, wexpr->span, "linear: 'out' must be an integer size or a param, got a float (%g)", o.f);
+      diag_error(S->d, wexpr->span, "linear: 'out' must be an integer size or a param, got a float (%s)", ast_fmt_float(o.f, fb));
     else
       diag_error(S->d, wexpr->span, "linear: 'out' must be an integer size or a param, got %s", ast_type_name(o.ty));
     sema_note_origin(S, o.origin);
@@ -620,6 +622,7 @@ static sv call_attention(sema *S, ast_expr *e, ast_expr **a) {
 }
 
 static sv call_router(sema *S, ast_expr *e, ast_expr **a) {
+  char fb[40];
   sv x;
   int64_t ne = 0, k = 0;
   double aux = 0, z = 0;
@@ -627,6 +630,12 @@ static sv call_router(sema *S, ast_expr *e, ast_expr **a) {
   int bad = want_tensor(S, a[0], "router", "x", &x);
   no_experts(S, e, "router");
   if (want_int(S, a[1], "router", "experts", 1, 4096, &ne, &eo)) bad = -1;
+  else if (!S->have_router) {
+    S->have_router = 1;
+    S->cfg.experts = ne;
+    S->experts_origin = eo;
+    S->experts_span = a[1]->span;
+  }
   sv kv = sema_eval(S, a[2]);
   if (kv.ty == TY_INT) {
     k = kv.i;
@@ -642,7 +651,7 @@ static sv call_router(sema *S, ast_expr *e, ast_expr **a) {
       bad = -1;
     }
   } else if (kv.ty != TY_ERROR) {
-    if (kv.ty == TY_FLOAT) diag_error(S->d, a[2]->span, "router: 'top_k' must be an integer, got a float (%g)", kv.f);
+    if (kv.ty == TY_FLOAT) diag_error(S->d, a[2]->span, "router: 'top_k' must be an integer, got a float (%s)", ast_fmt_float(kv.f, fb));
     else diag_error(S->d, a[2]->span, "router: 'top_k' must be an integer, got %s", ast_type_name(kv.ty));
     sema_note_origin(S, kv.origin);
     bad = -1;
@@ -670,14 +679,11 @@ static sv call_router(sema *S, ast_expr *e, ast_expr **a) {
   e->x[1] = z;
   e->opnd[0] = a[0];
   e->pname = pick_name(S, e, R_ROUTER, "block_sparse_moe", "router");
-  if (!S->have_router) {
-    S->have_router = 1;
-    S->cfg.experts = ne;
+  if (!S->have_router_done) {
+    S->have_router_done = 1;
     S->cfg.top_k = k;
     S->cfg.aux_loss = aux;
     S->cfg.z_loss = z;
-    S->experts_origin = eo;
-    S->experts_span = a[1]->span;
   }
   sv v = sv_of(TY_ROUTER, e->span);
   v.i = ne;
@@ -1032,6 +1038,14 @@ static void walk_assign(sema *S, ast_stmt *st, int kind) {
     return;
   }
   sema_var *old = sema_lookup(S, st->name);
+  if (old && old->val.ty == TY_ERROR) {
+    /* its first definition was wrong (and reported): take the new one quietly */
+    old->val = v;
+    old->def_expr = st->value;
+    st->slot = old->slot;
+    if (is_const_ty(v.ty)) old->is_const = 1, st->is_const = 1;
+    return;
+  }
   if (old && !old->is_const && S->in_experts && old - S->vars < S->experts_floor) {
     diag_error(S->d, st->name_span, "cannot assign to '%s' inside an experts block: it is defined outside", st->name);
     diag_note(S->d, old->def, "'%s' defined here", st->name);
@@ -1068,7 +1082,7 @@ static void walk_assign(sema *S, ast_stmt *st, int kind) {
     diag_error(S->d, st->value->span, "only sizes and hyperparameters can be defined outside a model");
     return;
   }
-  int is_const = is_const_ty(v.ty) || (v.ty == TY_ERROR && st->value->ty == TY_ERROR && !st->value->bi);
+  int is_const = is_const_ty(v.ty);
   sema_var *nv = define(S, st->name, st->name_span, v, is_const);
   st->is_const = is_const;
   if (set_marker) {

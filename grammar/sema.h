@@ -95,7 +95,7 @@ struct sema {
   sema_gemm *gemms;
   int n_gemms, cap_gemms;
   moec_config cfg;
-  int have_embed, have_attn, have_router, have_norm, have_ffn;
+  int have_embed, have_attn, have_router, have_router_done, have_norm, have_ffn;
   const sema_var *experts_origin; /* where the first router's expert count came from */
   diag_span experts_span;
   int64_t model_seq; /* the model's 'seq', or 0 */

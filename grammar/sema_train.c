@@ -36,16 +36,17 @@ static ast_expr *pick(sema *S, const char *set_name, ast_expr *file_e, int *bad)
 }
 
 static int t_int(sema *S, ast_expr *e, const char *what, int64_t min, int64_t max, int64_t *out) {
+  char fb[40];
   sv v = sema_eval(S, e);
   if (v.ty == TY_ERROR) return -1;
   if (v.ty != TY_INT) {
-    if (v.ty == TY_FLOAT) diag_error(S->d, e->span, "'%s' must be an integer, got a float (%g)", what, v.f);
+    if (v.ty == TY_FLOAT) diag_error(S->d, e->span, "'%s' must be an integer, got a float (%s)", what, ast_fmt_float(v.f, fb));
     else diag_error(S->d, e->span, "'%s' must be an integer, got %s", what, ast_type_name(v.ty));
     return -1;
   }
   if (v.i < min || v.i > max) {
-    if (max == INT64_MAX) diag_error(S->d, e->span, "'%s' must be at least %" PRId64 ", got %" PRId64, what, min, v.i);
-    else diag_error(S->d, e->span, "'%s' must be between %" PRId64 " and %" PRId64 ", got %" PRId64, what, min, max, v.i);
+    if (v.i < min) diag_error(S->d, e->span, "'%s' must be at least %" PRId64 ", got %" PRId64, what, min, v.i);
+    else diag_error(S->d, e->span, "'%s' must be at most %" PRId64 ", got %" PRId64, what, max, v.i);
     sema_note_origin(S, v.origin);
     return -1;
   }
@@ -362,8 +363,9 @@ void sema_train(sema *S, const ast_stmt *train) {
       c->seq = ms->val.i;
       seq_ok = 1;
       if (c->seq < 2 || c->seq > SEMA_MAX_DIM) {
-        diag_error(S->d, ms->from_set ? ms->set_span : ms->val.span, "'seq' must be between 2 and %" PRId64 ", got %" PRId64,
-                   SEMA_MAX_DIM, c->seq);
+        diag_span at = ms->from_set ? ms->set_span : ms->val.span;
+        if (c->seq < 2) diag_error(S->d, at, "'seq' must be at least 2, got %" PRId64, c->seq);
+        else diag_error(S->d, at, "'seq' must be at most %" PRId64 ", got %" PRId64, SEMA_MAX_DIM, c->seq);
         seq_ok = 0;
       }
     } else if (ms && ms->val.ty != TY_ERROR) {
@@ -394,10 +396,16 @@ void sema_train(sema *S, const ast_stmt *train) {
   if (st && ov) {
     diag_error(S->d, ov->span, "give either stride or overlap, not both (stride = seq - overlap)");
   } else if (st && seq_ok) {
-    t_int(S, st, "stride", 1, c->seq, &c->stride);
+    if (!t_int(S, st, "stride", 1, INT64_MAX, &c->stride) && c->stride > c->seq) {
+      diag_error(S->d, st->span, "'stride' must be at most seq (%" PRId64 "), got %" PRId64, c->seq, c->stride);
+      c->stride = c->seq;
+    }
   } else if (ov && seq_ok) {
     int64_t o = 0;
-    if (!t_int(S, ov, "overlap", 0, c->seq - 1, &o)) c->stride = c->seq - o;
+    if (!t_int(S, ov, "overlap", 0, INT64_MAX, &o)) {
+      if (o >= c->seq) diag_error(S->d, ov->span, "'overlap' must be less than seq (%" PRId64 "), got %" PRId64, c->seq, o);
+      else c->stride = c->seq - o;
+    }
   }
   if ((x = pick(S, "val_fraction", k[K_VAL_FRACTION], &bad)) && !t_num(S, x, "val_fraction", &c->val_fraction))
     check_range(S, x, "val_fraction", c->val_fraction, 0, 0, 1, 1, "in [0, 1)");
