@@ -60,7 +60,7 @@ static const char *shape_str(const sv *v, char *buf, size_t n) {
 
 sema_var *sema_lookup(sema *S, const char *name) {
   for (int i = S->n_vars - 1; i >= 0; i--)
-    if (strcmp(S->vars[i].name, name) == 0) return &S->vars[i];
+    if (strcmp(S->vars[i]->name, name) == 0) return S->vars[i];
   return NULL;
 }
 
@@ -82,8 +82,9 @@ void sema_note_origin(sema *S, const sema_var *v) {
 
 static sema_var *define(sema *S, const char *name, diag_span def, sv val, int is_const) {
   S->vars = grow(S->vars, &S->cap_vars, S->n_vars, sizeof *S->vars);
-  sema_var *v = &S->vars[S->n_vars++];
-  memset(v, 0, sizeof *v);
+  sema_var *v = ast_alloc(S->arena, sizeof *v); /* stable: notes may point at it later */
+  v->index = S->n_vars;
+  S->vars[S->n_vars++] = v;
   v->name = name;
   v->def = def;
   v->val = val;
@@ -99,7 +100,7 @@ static sema_var *define(sema *S, const char *name, diag_span def, sv val, int is
 static void unknown_name(sema *S, ast_expr *e) {
   const char **cands = malloc(((size_t)S->n_vars + 1) * sizeof *cands);
   int n = 0;
-  for (int i = 0; i < S->n_vars; i++) cands[n++] = S->vars[i].name;
+  for (int i = 0; i < S->n_vars; i++) cands[n++] = S->vars[i]->name;
   cands[n++] = "tokens";
   const char *best = diag_suggest(e->s, cands, n);
   free(cands);
@@ -116,24 +117,16 @@ static void unknown_name(sema *S, ast_expr *e) {
 
 enum { R_EMBED = 1, R_NORM1 = 2, R_NORM2 = 4, R_ATTN = 8, R_ROUTER = 16, R_EXPERTS = 32, R_LMHEAD = 64 };
 
-typedef struct name_ctx {
+struct name_ctx {
   int kind; /* 0 top, 1 layer, 2 expert */
   int roles;
   const char **used;
   int n_used, cap_used;
   int counter;
-} name_ctx;
+};
+typedef struct name_ctx name_ctx;
 
-typedef struct {
-  name_ctx *nc;
-  ast_expr *assign_rhs; /* the expression an assignment is evaluating, and its target */
-  const char *assign_name;
-  ast_expr *exp_lin[8]; /* implicit-weight linears of the current experts block */
-  int n_exp_lin;
-} sema_ext;
 
-/* sema.c keeps its extra state beside the shared struct */
-static sema_ext X;
 
 static int name_used(name_ctx *c, const char *s) {
   for (int i = 0; i < c->n_used; i++)
@@ -154,13 +147,13 @@ static const char *use_name(sema *S, name_ctx *c, const char *base, int exact) {
 /* A role name (Mixtral's) the first time the role occurs in this scope; then the name of
  * the variable the call is assigned to, or op + a counter. */
 static const char *pick_name(sema *S, ast_expr *call, int role_bit, const char *role, const char *op) {
-  name_ctx *c = X.nc;
+  name_ctx *c = S->nc;
   if (role && !(c->roles & role_bit)) {
     c->roles |= role_bit;
     return use_name(S, c, role, 1);
   }
   char base[160];
-  if (call == X.assign_rhs && X.assign_name) snprintf(base, sizeof base, "%s", X.assign_name);
+  if (call == S->assign_rhs && S->assign_name) snprintf(base, sizeof base, "%s", S->assign_name);
   else snprintf(base, sizeof base, "%s%d", op, c->counter++);
   return use_name(S, c, base, 0);
 }
@@ -450,7 +443,7 @@ static sv call_embedding(sema *S, ast_expr *e, ast_expr **a) {
   if (!numel_ok(S, e->span, "the embedding table", vocab, dim, 1)) return sv_err();
   e->n[0] = vocab;
   e->n[1] = dim;
-  e->pname = pick_name(S, e, R_EMBED, X.nc->kind == 0 ? "embed_tokens" : NULL, "embedding");
+  e->pname = pick_name(S, e, R_EMBED, S->nc->kind == 0 ? "embed_tokens" : NULL, "embedding");
   if (!S->have_embed) {
     S->have_embed = 1;
     S->cfg.vocab = vocab;
@@ -476,9 +469,9 @@ static sv call_rmsnorm(sema *S, ast_expr *e, ast_expr **a) {
   e->n[0] = x.i;
   e->x[0] = eps;
   e->opnd[0] = a[0];
-  int kind = X.nc->kind;
+  int kind = S->nc->kind;
   if (kind == 0) e->pname = pick_name(S, e, R_NORM1, "norm", "rmsnorm");
-  else if (kind == 1 && !(X.nc->roles & R_NORM1)) e->pname = pick_name(S, e, R_NORM1, "input_layernorm", "rmsnorm");
+  else if (kind == 1 && !(S->nc->roles & R_NORM1)) e->pname = pick_name(S, e, R_NORM1, "input_layernorm", "rmsnorm");
   else if (kind == 1) e->pname = pick_name(S, e, R_NORM2, "post_attention_layernorm", "rmsnorm");
   else e->pname = pick_name(S, e, 0, NULL, "rmsnorm");
   if (!S->have_norm) {
@@ -539,11 +532,11 @@ static sv call_linear(sema *S, ast_expr *e, ast_expr **a) {
   if (o.ty == TY_PARAM) {
     e->opnd[1] = wexpr;
   } else {
-    int lm = X.nc->kind == 0 && S->have_embed && out == S->cfg.vocab;
+    int lm = S->nc->kind == 0 && S->have_embed && out == S->cfg.vocab;
     e->pname = pick_name(S, e, R_LMHEAD, lm ? "lm_head" : NULL, "linear");
     e->pabs = lm && strcmp(e->pname, "lm_head") == 0;
-    if (S->in_experts && X.n_exp_lin < 8) X.exp_lin[X.n_exp_lin++] = e;
-    else if (S->in_experts) X.n_exp_lin = 9;
+    if (S->in_experts && S->n_exp_lin < 8) S->exp_lin[S->n_exp_lin++] = e;
+    else if (S->in_experts) S->n_exp_lin = 9;
   }
   if (!e->pabs) {
     add_gemm(S, e->span, "linear", x.i, x.origin);
@@ -705,16 +698,16 @@ static int is_lin(ast_expr *e, ast_expr *const *lins, int n) {
 /* Names gate/up/down w1/w3/w2 when the body is Mixtral's: linear(silu(g) * u, out) with
  * g = linear(x, F) and u = linear(x, F) over the routed input x. */
 static void name_swiglu(sema *S, ast_expr *out, int in_slot) {
-  if (X.n_exp_lin != 3) return;
+  if (S->n_exp_lin != 3) return;
   ast_expr *down = resolve(out);
-  if (!down || down->kind != EX_CALL || down->bi != BI_LINEAR || !is_lin(down, X.exp_lin, 3)) return;
+  if (!down || down->kind != EX_CALL || down->bi != BI_LINEAR || !is_lin(down, S->exp_lin, 3)) return;
   ast_expr *m = resolve(down->opnd[0]);
   if (!m || m->kind != EX_BIN || m->op != '*') return;
   for (int side = 0; side < 2; side++) {
     ast_expr *s = resolve(side ? m->b : m->a), *u = resolve(side ? m->a : m->b);
     if (!s || s->kind != EX_CALL || s->bi != BI_SILU) continue;
     ast_expr *g = resolve(s->opnd[0]);
-    if (!g || !u || g == u || g == down || u == down || !is_lin(g, X.exp_lin, 3) || !is_lin(u, X.exp_lin, 3)) continue;
+    if (!g || !u || g == u || g == down || u == down || !is_lin(g, S->exp_lin, 3) || !is_lin(u, S->exp_lin, 3)) continue;
     ast_expr *gx = resolve(g->opnd[0]), *ux = resolve(u->opnd[0]);
     if (!gx || !ux || gx->kind != EX_NAME || ux->kind != EX_NAME || gx->slot != in_slot || ux->slot != in_slot) continue;
     if (g->bias || u->bias || down->bias || g->n[1] != u->n[1]) continue;
@@ -759,10 +752,10 @@ static sv call_experts(sema *S, ast_expr *e, ast_expr **a) {
   e->pname = pick_name(S, e, R_EXPERTS, "block_sparse_moe", "moe");
   /* the body: a scope where the input's name means the rows routed to one expert */
   int base = S->n_vars, saved_floor = S->experts_floor;
-  name_ctx nc = {2, 0, NULL, 0, 0, 0}, *saved_nc = X.nc;
-  ast_expr *saved_rhs = X.assign_rhs;
-  X.nc = &nc;
-  X.n_exp_lin = 0;
+  name_ctx nc = {2, 0, NULL, 0, 0, 0}, *saved_nc = S->nc;
+  ast_expr *saved_rhs = S->assign_rhs;
+  S->nc = &nc;
+  S->n_exp_lin = 0;
   S->in_experts = 1;
   S->experts_floor = base;
   sv in = x;
@@ -786,8 +779,8 @@ static sv call_experts(sema *S, ast_expr *e, ast_expr **a) {
   S->n_vars = base;
   S->in_experts = 0;
   S->experts_floor = saved_floor;
-  X.nc = saved_nc;
-  X.assign_rhs = saved_rhs;
+  S->nc = saved_nc;
+  S->assign_rhs = saved_rhs;
   free(nc.used);
   return res;
 }
@@ -795,7 +788,7 @@ static sv call_experts(sema *S, ast_expr *e, ast_expr **a) {
 static sv call_param(sema *S, ast_expr *e, ast_expr **a) {
   ast_expr *t = a[0];
   int bad = 0;
-  if (e != X.assign_rhs) {
+  if (e != S->assign_rhs) {
     diag_error(S->d, e->span, "param(...) must be assigned to a name, e.g. w = param(f32[hidden, ffn])");
     bad = 1;
   }
@@ -830,7 +823,7 @@ static sv call_param(sema *S, ast_expr *e, ast_expr **a) {
   e->n[0] = v.rank;
   e->n[1] = v.dims[0];
   e->n[2] = v.rank == 2 ? v.dims[1] : 0;
-  e->pname = use_name(S, X.nc, X.assign_name, 0);
+  e->pname = use_name(S, S->nc, S->assign_name, 0);
   return v;
 }
 
@@ -930,7 +923,7 @@ static sv eval_name(sema *S, ast_expr *e) {
     r.span = e->span;
     return r;
   }
-  if (S->in_experts && v - S->vars < S->experts_floor) {
+  if (S->in_experts && v->index < S->experts_floor) {
     diag_error(S->d, e->span, "'%s' is defined outside the experts block; inside it, only the routed input and sizes can be used", e->s);
     diag_note(S->d, v->def, "'%s' defined here", e->s);
     return sv_err();
@@ -1024,13 +1017,13 @@ static sv apply_set(sema *S, ast_stmt *st, sv v, sema_var **from) {
 }
 
 static void walk_assign(sema *S, ast_stmt *st, int kind) {
-  ast_expr *saved_rhs = X.assign_rhs;
-  const char *saved_name = X.assign_name;
-  X.assign_rhs = st->value;
-  X.assign_name = st->name;
+  ast_expr *saved_rhs = S->assign_rhs;
+  const char *saved_name = S->assign_name;
+  S->assign_rhs = st->value;
+  S->assign_name = st->name;
   sv v = sema_eval(S, st->value);
-  X.assign_rhs = saved_rhs;
-  X.assign_name = saved_name;
+  S->assign_rhs = saved_rhs;
+  S->assign_name = saved_name;
   sema_var *set_marker = NULL;
   v = apply_set(S, st, v, &set_marker);
   if (strcmp(st->name, "tokens") == 0) {
@@ -1046,7 +1039,7 @@ static void walk_assign(sema *S, ast_stmt *st, int kind) {
     if (is_const_ty(v.ty)) old->is_const = 1, st->is_const = 1;
     return;
   }
-  if (old && !old->is_const && S->in_experts && old - S->vars < S->experts_floor) {
+  if (old && !old->is_const && S->in_experts && old->index < S->experts_floor) {
     diag_error(S->d, st->name_span, "cannot assign to '%s' inside an experts block: it is defined outside", st->name);
     diag_note(S->d, old->def, "'%s' defined here", st->name);
     return;
@@ -1128,21 +1121,21 @@ static void walk_stmt(sema *S, ast_stmt *st, int kind, int last) {
     if (n > 0) S->cfg.layers += n;
     int base = S->n_vars;
     sv *before = malloc(((size_t)base + 1) * sizeof *before);
-    for (int i = 0; i < base; i++) before[i] = S->vars[i].val;
-    name_ctx nc = {1, 0, NULL, 0, 0, 0}, *saved = X.nc;
-    X.nc = &nc;
+    for (int i = 0; i < base; i++) before[i] = S->vars[i]->val;
+    name_ctx nc = {1, 0, NULL, 0, 0, 0}, *saved = S->nc;
+    S->nc = &nc;
     S->in_repeat = 1;
     walk_block(S, st->body, 1);
     S->in_repeat = 0;
-    X.nc = saved;
+    S->nc = saved;
     free(nc.used);
     S->n_vars = base;
     for (int i = 0; i < base; i++) {
-      sv *a = &before[i], *b = &S->vars[i].val;
+      sv *a = &before[i], *b = &S->vars[i]->val;
       if (a->ty == TY_TENSOR && b->ty == TY_TENSOR && (a->i != b->i || a->rows != b->rows)) {
         char sa[64], sb[64];
         diag_error(S->d, st->name_span, "'%s' changes shape in the repeat body, from %s to %s; each repetition must leave it as it found it",
-                   S->vars[i].name, shape_str(a, sa, sizeof sa), shape_str(b, sb, sizeof sb));
+                   S->vars[i]->name, shape_str(a, sa, sizeof sa), shape_str(b, sb, sizeof sb));
       }
     }
     free(before);
@@ -1164,14 +1157,13 @@ static void walk_block(sema *S, ast_block *b, int kind) {
 int sema_check(diag_engine *d, ast_arena *arena, ast_block *items, sema_set *sets, int n_sets, sema_program *out) {
   sema S0, *S = &S0;
   memset(S, 0, sizeof *S);
-  memset(&X, 0, sizeof X);
   S->d = d;
   S->arena = arena;
   S->sets = sets;
   S->n_sets = n_sets;
   int errors0 = d->errors;
   name_ctx top = {0, 0, NULL, 0, 0, 0};
-  X.nc = &top;
+  S->nc = &top;
   const ast_stmt *model = NULL, *train = NULL;
   for (int i = 0; i < items->n; i++) {
     ast_stmt *it = items->v[i];
@@ -1202,11 +1194,11 @@ int sema_check(diag_engine *d, ast_arena *arena, ast_block *items, sema_set *set
     walk_block(S, model->body, 1);
     sema_var *loss = NULL;
     for (int i = base; i < S->n_vars; i++) {
-      if (!strcmp(S->vars[i].name, "loss")) loss = &S->vars[i];
-      if (!strcmp(S->vars[i].name, "seq") && S->vars[i].val.ty == TY_INT) S->model_seq = S->vars[i].val.i;
-      if (!strcmp(S->vars[i].name, "ffn") && S->vars[i].val.ty == TY_INT) S->cfg.ffn = S->vars[i].val.i;
-      if (!strcmp(S->vars[i].name, "vocab") && S->vars[i].val.ty == TY_INT && !S->have_embed) S->cfg.vocab = S->vars[i].val.i;
-      if (!strcmp(S->vars[i].name, "hidden") && S->vars[i].val.ty == TY_INT && !S->have_embed) S->cfg.hidden = S->vars[i].val.i;
+      if (!strcmp(S->vars[i]->name, "loss")) loss = S->vars[i];
+      if (!strcmp(S->vars[i]->name, "seq") && S->vars[i]->val.ty == TY_INT) S->model_seq = S->vars[i]->val.i;
+      if (!strcmp(S->vars[i]->name, "ffn") && S->vars[i]->val.ty == TY_INT) S->cfg.ffn = S->vars[i]->val.i;
+      if (!strcmp(S->vars[i]->name, "vocab") && S->vars[i]->val.ty == TY_INT && !S->have_embed) S->cfg.vocab = S->vars[i]->val.i;
+      if (!strcmp(S->vars[i]->name, "hidden") && S->vars[i]->val.ty == TY_INT && !S->have_embed) S->cfg.hidden = S->vars[i]->val.i;
     }
     if (!loss) {
       if (d->errors == errors0)

@@ -69,6 +69,7 @@ struct sema_var {
   sv val;
   int slot;
   ast_expr *def_expr; /* tensor: the expression last assigned */
+  int index;          /* position in the scope stack */
   int from_set;       /* its value came from --set */
   diag_span set_span;
 };
@@ -84,7 +85,7 @@ typedef struct sema sema;
 struct sema {
   diag_engine *d;
   ast_arena *arena;
-  sema_var *vars;
+  sema_var **vars; /* the scope stack; the variables live in the arena */
   int n_vars, cap_vars;
   int n_slots;
   int in_repeat, in_experts, experts_floor;
@@ -99,6 +100,11 @@ struct sema {
   const sema_var *experts_origin; /* where the first router's expert count came from */
   diag_span experts_span;
   int64_t model_seq; /* the model's 'seq', or 0 */
+  struct name_ctx *nc;  /* parameter names taken in the current scope */
+  ast_expr *assign_rhs; /* the expression an assignment is evaluating, and its target */
+  const char *assign_name;
+  ast_expr *exp_lin[8]; /* implicit-weight linears of the current experts block */
+  int n_exp_lin;
   diag_span model_at;
 };
 

@@ -358,7 +358,7 @@ void sema_train(sema *S, const ast_stmt *train) {
   } else {
     sema_var *ms = NULL;
     for (int i = S->n_vars - 1; i >= 0 && !ms; i--)
-      if (!strcmp(S->vars[i].name, "seq") && S->vars[i].is_const) ms = &S->vars[i];
+      if (!strcmp(S->vars[i]->name, "seq") && S->vars[i]->is_const) ms = S->vars[i];
     if (ms && ms->val.ty == TY_INT) {
       c->seq = ms->val.i;
       seq_ok = 1;
