@@ -1,7 +1,8 @@
 /* test_frontend_fuzz.c -- feeds the front end random bytes, token soup, and truncated or
  * mutated copies of the shipped models (and random --set options), and checks that it
  * always returns: a verified graph, or NULL after printing at least one error. Fixed seed,
- * a few thousand cases; the suite also runs it under ASan + UBSan. */
+ * a few thousand cases; the suite also runs it under ASan + UBSan. For a longer hunt:
+ * MOEC_FUZZ_ROUNDS=50 MOEC_FUZZ_SEED=7 build-asan/test_frontend_fuzz */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -116,72 +117,77 @@ int main(void) {
     }
   }
   buf b = {0};
-  /* random bytes */
-  for (int i = 0; i < 400; i++) {
-    b.n = 0;
-    size_t n = below(600);
-    for (size_t k = 0; k < n; k++) {
-      char c = (char)rnd();
-      put(&b, &c, 1);
-    }
-    run_case(dir, b.p ? b.p : "", b.n, NULL, 0);
-  }
-  /* token soup, sometimes inside a model block */
-  for (int i = 0; i < 800; i++) {
-    b.n = 0;
-    int wrap = i % 2;
-    if (wrap) puts_b(&b, "model m {\n");
-    size_t n = below(80);
-    for (size_t k = 0; k < n; k++) {
-      puts_b(&b, words[below(N_WORDS)]);
-      if (rnd() & 1) puts_b(&b, " ");
-    }
-    if (wrap && (rnd() & 3)) puts_b(&b, "\n}\n");
-    run_case(dir, b.p, b.n, NULL, 0);
-  }
-  /* mutated and truncated models */
-  for (int i = 0; i < 2000; i++) {
-    int m = i % 5 == 4 && i % 3 ? 0 : i % 5; /* the largest model less often */
-    const char *s = src[m];
-    size_t n = srclen[m];
-    b.n = 0;
-    switch (i % 4) {
-    case 0: /* truncate */
-      put(&b, s, below(n + 1));
-      break;
-    case 1: { /* flip bytes */
-      put(&b, s, n);
-      for (int k = 1 + (int)below(8); k > 0; k--) b.p[below(n)] = (char)rnd();
-      break;
-    }
-    case 2: { /* insert words */
-      size_t at = below(n + 1);
-      put(&b, s, at);
-      for (int k = 1 + (int)below(4); k > 0; k--) puts_b(&b, words[below(N_WORDS)]);
-      put(&b, s + at, n - at);
-      break;
-    }
-    default: { /* delete or duplicate a range */
-      size_t a = below(n), len = below(200);
-      if (a + len > n) len = n - a;
-      put(&b, s, a + (rnd() & 1 ? len : 0));
-      put(&b, s + a, n - a);
-      if (rnd() & 1) {
-        b.n = 0;
-        put(&b, s, a);
-        put(&b, s + a + len, n - a - len);
+  int rounds = getenv("MOEC_FUZZ_ROUNDS") ? atoi(getenv("MOEC_FUZZ_ROUNDS")) : 1;
+  if (getenv("MOEC_FUZZ_SEED")) rng_state ^= (uint64_t)strtoull(getenv("MOEC_FUZZ_SEED"), NULL, 10) * 0x9E3779B97F4A7C15ull;
+  if (!rng_state) rng_state = 1;
+  for (int round = 0; round < rounds; round++) {
+    /* random bytes */
+    for (int i = 0; i < 400; i++) {
+      b.n = 0;
+      size_t n = below(600);
+      for (size_t k = 0; k < n; k++) {
+        char c = (char)rnd();
+        put(&b, &c, 1);
       }
+      run_case(dir, b.p ? b.p : "", b.n, NULL, 0);
     }
+    /* token soup, sometimes inside a model block */
+    for (int i = 0; i < 800; i++) {
+      b.n = 0;
+      int wrap = i % 2;
+      if (wrap) puts_b(&b, "model m {\n");
+      size_t n = below(80);
+      for (size_t k = 0; k < n; k++) {
+        puts_b(&b, words[below(N_WORDS)]);
+        if (rnd() & 1) puts_b(&b, " ");
+      }
+      if (wrap && (rnd() & 3)) puts_b(&b, "\n}\n");
+      run_case(dir, b.p, b.n, NULL, 0);
     }
-    run_case(dir, b.p, b.n, NULL, 0);
-  }
-  /* random --set options on the tiny model */
-  for (int i = 0; i < 300; i++) {
-    moec_set sets[4];
-    int n = 1 + (int)below(4);
-    for (int k = 0; k < n; k++) sets[k] = (moec_set){set_names[below(sizeof set_names / sizeof *set_names)],
-                                                     set_values[below(sizeof set_values / sizeof *set_values)]};
-    run_case(dir, src[0], srclen[0], sets, n);
+    /* mutated and truncated models */
+    for (int i = 0; i < 2000; i++) {
+      int m = i % 5 == 4 && i % 3 ? 0 : i % 5; /* the largest model less often */
+      const char *s = src[m];
+      size_t n = srclen[m];
+      b.n = 0;
+      switch (i % 4) {
+      case 0: /* truncate */
+        put(&b, s, below(n + 1));
+        break;
+      case 1: { /* flip bytes */
+        put(&b, s, n);
+        for (int k = 1 + (int)below(8); k > 0; k--) b.p[below(n)] = (char)rnd();
+        break;
+      }
+      case 2: { /* insert words */
+        size_t at = below(n + 1);
+        put(&b, s, at);
+        for (int k = 1 + (int)below(4); k > 0; k--) puts_b(&b, words[below(N_WORDS)]);
+        put(&b, s + at, n - at);
+        break;
+      }
+      default: { /* delete or duplicate a range */
+        size_t a = below(n), len = below(200);
+        if (a + len > n) len = n - a;
+        put(&b, s, a + (rnd() & 1 ? len : 0));
+        put(&b, s + a, n - a);
+        if (rnd() & 1) {
+          b.n = 0;
+          put(&b, s, a);
+          put(&b, s + a + len, n - a - len);
+        }
+      }
+      }
+      run_case(dir, b.p, b.n, NULL, 0);
+    }
+    /* random --set options on the tiny model */
+    for (int i = 0; i < 300; i++) {
+      moec_set sets[4];
+      int n = 1 + (int)below(4);
+      for (int k = 0; k < n; k++) sets[k] = (moec_set){set_names[below(sizeof set_names / sizeof *set_names)],
+                                                       set_values[below(sizeof set_values / sizeof *set_values)]};
+      run_case(dir, src[0], srclen[0], sets, n);
+    }
   }
   for (int i = 0; i < 5; i++) free(src[i]);
   free(b.p);
