@@ -189,6 +189,31 @@ static void check_sets(void) {
   free(err);
 }
 
+/* A custom expert body: parameters are named after their variables. */
+static void check_custom(void) {
+  ir_graph *g;
+  char *err = capture_load("tests/unit/data/custom_expert.moe", NULL, 0, &g);
+  CHECK(g != NULL, "custom_expert.moe: %s", err);
+  free(err);
+  if (!g) return;
+  static const char *const want[] = {"model.layers.1.block_sparse_moe.experts.3.a.weight",
+                                     "model.layers.1.block_sparse_moe.experts.3.a.bias",
+                                     "model.layers.1.block_sparse_moe.experts.3.w", "model.layers.0.p.weight",
+                                     "model.layers.0.self_attn.q_proj.weight"};
+  for (int k = 0; k < 5; k++) {
+    const ir_node *found = NULL;
+    for (int i = 0; i < g->n_nodes; i++)
+      if (g->nodes[i].op == OP_PARAM && !strcmp(ir_get_str(&g->nodes[i], "name", ""), want[k])) found = &g->nodes[i];
+    CHECK(found != NULL, "custom: no parameter %s", want[k]);
+    if (found && k == 2) CHECK(!strcmp(ir_get_str(found, "init", ""), "zeros") && found->type.dims[0] == 128, "custom: w");
+    if (found && k == 4) CHECK(found->type.dims[1] == 128, "custom: head_dim 32 x 4 heads");
+  }
+  CHECK(count_op(g, OP_LINEAR) == 2 * (4 + 1 + 4 * 2 + 1) + 1 && count_op(g, OP_AUX_LOSS) == 0 && g->cfg.seq == 16 &&
+            g->cfg.batch == 1 && g->cfg.top_k == 1 && g->cfg.data[0] == 0,
+        "custom: counts and defaults");
+  ir_graph_free(g);
+}
+
 static void check_diag_print(void) {
   char *buf = NULL;
   size_t len = 0;
@@ -211,6 +236,7 @@ static void check_diag_print(void) {
 int main(void) {
   for (size_t i = 0; i < sizeof specs / sizeof specs[0]; i++) check_model(&specs[i]);
   check_sets();
+  check_custom();
   check_diag_print();
   if (failures) {
     fprintf(stderr, "test_frontend: %d failures\n", failures);
