@@ -404,7 +404,7 @@ static void moe_yyerror(diag_span *loc, yyscan_t scanner, parse_state *ps, const
   (void)scanner;
   if (ps->fatal || ps->diag->stopped) return;
   if (strstr(msg, "exhausted")) {
-    parse_error(ps, *loc, "expression nested too deeply");
+    parse_error(ps, *loc, "expression nested too deeply (the parser stack is full)");
     ps->fatal = 1;
   } else {
     parse_error(ps, *loc, "%s", msg);
