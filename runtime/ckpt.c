@@ -546,9 +546,8 @@ int ckpt_save(const char *dir, int64_t step, const ckpt_contents *c, char *err, 
 
   /* 1. every file of the checkpoint, each fsynced, in the temporary directory */
   char *cfg_json = NULL;
-  const char *stage = "";
+  const char *stage = "model.safetensors";
   inner[0] = 0;
-  stage = "model.safetensors";
   snprintf(file, sizeof file, "%s/model.safetensors", tmp);
   if (write_tensors(file, c, 0, inner, sizeof inner) != 0) goto fail;
   stage = "optimizer.safetensors";

@@ -622,6 +622,16 @@ size_t st_json_quote(const char *s, char *buf, size_t len) {
 
 /* ================================================================ writing */
 
+static int valid_utf8(const char *s) {
+  size_t n = strlen(s);
+  for (size_t i = 0; i < n;) {
+    size_t k = utf8_len((const unsigned char *)s + i, n - i);
+    if (!k) return 0;
+    i += k;
+  }
+  return 1;
+}
+
 typedef struct {
   char *p;
   size_t n, cap;
@@ -847,7 +857,7 @@ int st_write(const char *path, const st_tensor *tensors, size_t n, const st_kv *
   for (size_t i = 0; i < n; i++) {
     const st_tensor *t = &tensors[i];
     const char *nm = t->name ? t->name : "(null)";
-    if (!t->name || !*t->name || strcmp(t->name, "__metadata__") == 0) {
+    if (!t->name || !*t->name || strcmp(t->name, "__metadata__") == 0 || !valid_utf8(t->name)) {
       seterr(err, errlen, "%s: tensor %zu has an invalid name \"%s\"", path, i, nm);
       goto out;
     }
@@ -886,8 +896,8 @@ int st_write(const char *path, const st_tensor *tensors, size_t n, const st_kv *
       }
   }
   for (size_t i = 0; i < n_meta; i++)
-    if (!meta[i].key || !meta[i].value) {
-      seterr(err, errlen, "%s: metadata entry %zu has a NULL key or value", path, i);
+    if (!meta[i].key || !meta[i].value || !valid_utf8(meta[i].key) || !valid_utf8(meta[i].value)) {
+      seterr(err, errlen, "%s: metadata entry %zu: key or value NULL or not UTF-8", path, i);
       goto out;
     }
   /* data order: element size descending, stable (insertion sort: n is small) */

@@ -18,7 +18,9 @@
  * Reading maps the file (or reads it whole) and validates the whole header before returning:
  * any corrupt, truncated or inconsistent file gives an error naming the file and the tensor.
  * A view's data pointer is aligned only if the writer aligned it (moec's writer does); use
- * st_get_f32 (memcpy-based) when in doubt.
+ * st_get_f32 (memcpy-based) when in doubt. st_open maps the file read-only: never truncate or
+ * rewrite an open file in place (a SIGBUS); moec's writers replace files by rename, which is
+ * safe for readers that have the old file open.
  *
  * All functions that can fail take (char *err, size_t errlen) and write one line, without a
  * trailing newline, there; err may be NULL.

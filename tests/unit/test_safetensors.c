@@ -375,6 +375,12 @@ static void test_roundtrip(void) {
   badt.name = "__metadata__";
   CHECK(st_write(path, &badt, 1, NULL, 0, err, sizeof err) == -1);
   CHECK_ERR(err, "invalid name");
+  badt.name = "bad\xff";
+  CHECK(st_write(path, &badt, 1, NULL, 0, err, sizeof err) == -1);
+  CHECK_ERR(err, "invalid name");
+  st_kv badm = {"k", "\xc3"};
+  CHECK(st_write(path, t, 1, &badm, 1, err, sizeof err) == -1);
+  CHECK_ERR(err, "not UTF-8");
   badt = t[1];
   badt.data = NULL;
   CHECK(st_write(path, &badt, 1, NULL, 0, err, sizeof err) == -1);
