@@ -31,6 +31,8 @@ typedef struct {
 
 extern const ir_op_info ir_ops[OP_COUNT];
 ir_op ir_op_by_name(const char *name); /* OP_COUNT when unknown */
+/* Ops that act by effect (the optimizer update): dce keeps them though nothing reads them. */
+static inline int ir_op_has_effect(ir_op op) { return op == OP_ADAMW; }
 
 typedef enum { DT_F32, DT_BF16, DT_I32, DT_E4M3, DT_E8M0, DT_COUNT } ir_dtype;
 const char *ir_dtype_name(ir_dtype t);

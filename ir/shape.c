@@ -235,6 +235,142 @@ static int shape_CROSS_ENTROPY(shape_ctx *c) {
   return 0;
 }
 
+static int shape_FILL(shape_ctx *c) {
+  if (!is_float(c->n->type.dtype)) return fail(c, "fills float tensors only");
+  for (int i = 0; i < c->n->type.rank; i++)
+    if (c->n->type.dims[i] < 0) return fail(c, "needs static sizes");
+  *c->out = c->n->type;
+  return 0;
+}
+
+static int shape_MATMUL(shape_ctx *c) {
+  if (want_matrix(c, 0, "a") || want_matrix(c, 1, "b")) return -1;
+  const ir_type *a = OPERAND(c, 0), *b = OPERAND(c, 1);
+  int ta = (int)ir_get_int(c->n, "trans_a", 0), tb = (int)ir_get_int(c->n, "trans_b", 0);
+  int64_t m = a->dims[ta], k = a->dims[!ta], k2 = b->dims[tb], n = b->dims[!tb];
+  if (k != k2) return fail(c, "inner sizes differ (%lld vs %lld)", (long long)k, (long long)k2);
+  const char *out = ir_get_str(c->n, "out", "");
+  *c->out = make(strcmp(out, "f32") == 0 ? DT_F32 : a->dtype, 2, m, n);
+  return 0;
+}
+
+static int shape_COLSUM(shape_ctx *c) {
+  if (want_matrix(c, 0, "x")) return -1;
+  *c->out = make(DT_F32, 1, OPERAND(c, 0)->dims[1], 0);
+  return 0;
+}
+
+static int shape_EMBEDDING_BWD(shape_ctx *c) {
+  int64_t rows;
+  if (want_matrix(c, 0, "dy") || want_index(c, 1, 1, "tokens") || want_attr_pos(c, "rows", &rows)) return -1;
+  *c->out = make(DT_F32, 2, rows, OPERAND(c, 0)->dims[1]);
+  return 0;
+}
+
+static int shape_RMSNORM_BWD_X(shape_ctx *c) {
+  if (want_matrix(c, 0, "dy") || want_matrix(c, 1, "x")) return -1;
+  if (OPERAND(c, 0)->dims[1] != OPERAND(c, 1)->dims[1]) return fail(c, "dy and x widths differ");
+  *c->out = *OPERAND(c, 1);
+  return 0;
+}
+
+static int shape_RMSNORM_BWD_W(shape_ctx *c) {
+  if (want_matrix(c, 0, "dy") || want_matrix(c, 1, "x")) return -1;
+  *c->out = make(DT_F32, 1, OPERAND(c, 1)->dims[1], 0);
+  return 0;
+}
+
+static int shape_ATTENTION_BWD(shape_ctx *c) {
+  if (shape_ATTENTION(c)) return -1; /* q, k, v and the attributes, as forward */
+  const ir_type *q = OPERAND(c, 0), *k = OPERAND(c, 1);
+  if (!ir_type_equal(OPERAND(c, 3), q) || !ir_type_equal(OPERAND(c, 4), q)) return fail(c, "out and dout must be like q");
+  *c->out = make(q->dtype, 2, q->dims[0], q->dims[1] + 2 * k->dims[1]);
+  return 0;
+}
+
+static int shape_SLICE_COLS(shape_ctx *c) {
+  if (want_matrix(c, 0, "x")) return -1;
+  int64_t start = ir_get_int(c->n, "start", -1), width = ir_get_int(c->n, "width", 0);
+  if (start < 0 || width <= 0 || start + width > OPERAND(c, 0)->dims[1]) return fail(c, "columns out of range");
+  *c->out = make(OPERAND(c, 0)->dtype, 2, OPERAND(c, 0)->dims[0], width);
+  return 0;
+}
+
+static int shape_SILU_BWD(shape_ctx *c) { return same_types(c); }
+
+static int shape_ROUTE_WEIGHTS_BWD(shape_ctx *c) {
+  if (want_matrix(c, 0, "dw")) return -1;
+  shape_ctx rest = *c;
+  ir_node shifted = *c->n;
+  shifted.in = c->n->in + 1;
+  shifted.n_in = 2;
+  rest.n = &shifted;
+  if (want_logits_idx(&rest)) return -1;
+  *c->out = *OPERAND(c, 1);
+  return 0;
+}
+
+static int want_scalar(shape_ctx *c, int i) {
+  if (OPERAND(c, i)->rank != 0 || OPERAND(c, i)->dtype != DT_F32) return fail(c, "operand %d must be an f32 scalar", i);
+  return 0;
+}
+
+static int shape_AUX_LOSS_BWD(shape_ctx *c) {
+  if (want_scalar(c, 0) || want_matrix(c, 1, "logits") || want_index(c, 2, 2, "idx")) return -1;
+  *c->out = *OPERAND(c, 1);
+  return 0;
+}
+
+static int shape_Z_LOSS_BWD(shape_ctx *c) {
+  if (want_scalar(c, 0) || want_matrix(c, 1, "logits")) return -1;
+  *c->out = *OPERAND(c, 1);
+  return 0;
+}
+
+static int shape_DISPATCH_BWD(shape_ctx *c) {
+  if (want_matrix(c, 0, "dxe") || want_index(c, 1, 2, "idx")) return -1;
+  *c->out = make(OPERAND(c, 0)->dtype, 2, OPERAND(c, 1)->dims[0], OPERAND(c, 0)->dims[1]);
+  return 0;
+}
+
+static int shape_COMBINE_BWD_Y(shape_ctx *c) {
+  if (want_matrix(c, 0, "dout") || want_index(c, 1, 2, "idx")) return -1;
+  const ir_type *t = &c->n->type, *d = OPERAND(c, 0);
+  if (t->rank != 2 || t->dims[1] != d->dims[1] || t->dtype != d->dtype)
+    return fail(c, "result must be [rows, %lld] with the expert's run-time row count", (long long)d->dims[1]);
+  *c->out = *t;
+  return 0;
+}
+
+static int shape_COMBINE_BWD_W(shape_ctx *c) {
+  if (want_matrix(c, 0, "dout") || want_index(c, 1, 2, "idx")) return -1;
+  if (ir_get_int(c->n, "experts", 0) != c->n->n_in - 2) return fail(c, "experts attribute disagrees with the operand count");
+  *c->out = make(DT_F32, 2, OPERAND(c, 1)->dims[0], OPERAND(c, 1)->dims[1]);
+  return 0;
+}
+
+static int shape_CROSS_ENTROPY_BWD(shape_ctx *c) {
+  if (want_scalar(c, 0) || want_matrix(c, 1, "logits") || want_index(c, 2, 1, "labels")) return -1;
+  *c->out = make(DT_F32, 2, OPERAND(c, 1)->dims[0], OPERAND(c, 1)->dims[1]);
+  return 0;
+}
+
+static int shape_GRAD_NORM(shape_ctx *c) {
+  for (int i = 0; i < c->n->n_in; i++)
+    if (OPERAND(c, i)->dtype != DT_F32) return fail(c, "gradients must be f32 (operand %d)", i);
+  *c->out = make(DT_F32, 0, 0, 0);
+  return 0;
+}
+
+static int shape_ADAMW(shape_ctx *c) {
+  const ir_type *p = OPERAND(c, 0);
+  if (c->g->nodes[c->n->in[0]].op != OP_PARAM) return fail(c, "operand 0 must be a param");
+  if (!ir_type_equal(p, OPERAND(c, 1))) return fail(c, "the gradient must have the param's type");
+  if (want_scalar(c, 2)) return -1;
+  *c->out = *p;
+  return 0;
+}
+
 typedef int (*shape_fn)(shape_ctx *);
 static const shape_fn shape_rules[] = {
 #define OP(id, name, min_in, max_in, cg) [OP_##id] = shape_##id,

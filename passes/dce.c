@@ -17,6 +17,8 @@ int pass_dce(ir_graph **gp, FILE *err) {
     return -1;
   }
   for (int i = 0; i < g->n_outputs; i++) live[g->outputs[i]] = 1;
+  for (int id = 0; id < g->n_nodes; id++)
+    if (ir_op_has_effect(g->nodes[id].op)) live[id] = 1;
   for (int id = g->n_nodes - 1; id >= 0; id--)
     if (live[id])
       for (int j = 0; j < g->nodes[id].n_in; j++) live[g->nodes[id].in[j]] = 1;

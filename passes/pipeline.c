@@ -6,7 +6,8 @@
 /* The pipeline. `lower` is the front end's last step; later issues add group-linear,
  * grouped-mlp, autodiff, mxfp8, fuse-elementwise and memplan here, in this order. */
 static const pass_info passes[] = {
-    {"dce", pass_dce, "remove ops whose results reach no output", 1},
+    {"autodiff", pass_autodiff, "append the backward graph and the AdamW update (training step)", 1, 1},
+    {"dce", pass_dce, "remove ops whose results reach no output", 1, 0},
 };
 
 const pass_info *pass_table(int *n) {
@@ -82,7 +83,7 @@ int pipeline_run(ir_graph **g, const pipeline_opts *o, FILE *err) {
   const pass_info *t = pass_table(&n);
   for (int i = 0; i < n; i++) {
     int on = o->passes ? in_list(o->passes, t[i].name) : t[i].default_on;
-    if (!on || in_list(o->disable, t[i].name)) continue;
+    if (!on || in_list(o->disable, t[i].name) || (t[i].train_only && !o->train)) continue;
     if (t[i].run(g, err) != 0) {
       fprintf(err, "moec: error: pass %s failed\n", t[i].name);
       return -1;

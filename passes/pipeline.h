@@ -16,6 +16,7 @@ typedef struct {
   pass_fn run;
   const char *summary; /* one line for --help */
   int default_on;      /* part of the default pipeline */
+  int train_only;      /* runs only when building the training step (--train, train, compile) */
 } pass_info;
 
 const pass_info *pass_table(int *n);
@@ -26,6 +27,7 @@ typedef struct {
   const char *disable;      /* comma-separated passes to skip, or NULL */
   const char *print_after;  /* "all" or a comma-separated list, or NULL */
   FILE *dump;               /* where --print-after dumps go */
+  int train;                /* build the training step (forward + backward + optimizer) */
 } pipeline_opts;
 
 /* Checks that every name in opts is a known pass; prints "moec: error: ..." and returns -1
@@ -41,5 +43,6 @@ void pipeline_print_header(const char *pass, FILE *out);
 
 /* Passes (one file each under passes/). */
 int pass_dce(ir_graph **g, FILE *err);
+int pass_autodiff(ir_graph **g, FILE *err);
 
 #endif

@@ -1,0 +1,260 @@
+/* ck_router.c -- CPU reference kernels of the MoE router: top-k selection, routing weights,
+ * the load-balancing (aux) and z losses, and token dispatch / combine.
+ *
+ * Parity with Hugging Face Mixtral:
+ *  - HF takes topk of softmax(logits); softmax is monotone, so topk of the logits picks the
+ *    same experts except where two probabilities round to the same float.
+ *  - HF's aux loss concatenates the router logits of ALL layers into one [L*T, E] matrix and
+ *    evaluates load_balancing_loss_func once; that is not the sum of per-layer losses. Calling
+ *    ck_aux_loss_* once on the stacked [L*T, E] logits and ids reproduces HF exactly.
+ *  - HF has no router z-loss; ours is the ST-MoE one, coef * mean_t logsumexp(logits_t)^2.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cpu_kernels.h"
+
+/* Does logit a (expert ia) come before b (expert ib)? Larger first, NaN last, ties (and two
+ * NaNs) to the lower id. */
+static int before(float a, int64_t ia, float b, int64_t ib) {
+  int na = isnan(a), nb = isnan(b);
+  if (na != nb) return nb;
+  if (!na && a != b) return a > b;
+  return ia < ib;
+}
+
+int ck_topk(const float *logits, int32_t *idx, int64_t T, int64_t E, int64_t k) {
+  if (k < 1 || k > E) return CK_ESHAPE;
+  for (int64_t t = 0; t < T; t++) {
+    const float *row = logits + t * E;
+    int32_t *out = idx + t * k;
+    int64_t n = 0; /* insertion into the sorted list out[0..n) of the best so far */
+    for (int64_t e = 0; e < E; e++) {
+      if (n == k && !before(row[e], e, row[out[k - 1]], out[k - 1])) continue;
+      int64_t pos = n < k ? n++ : k - 1;
+      while (pos > 0 && before(row[e], e, row[out[pos - 1]], out[pos - 1])) {
+        out[pos] = out[pos - 1];
+        pos--;
+      }
+      out[pos] = (int32_t)e;
+    }
+  }
+  return CK_OK;
+}
+
+static int ids_ok(const int32_t *idx, int64_t n, int64_t E) {
+  for (int64_t i = 0; i < n; i++)
+    if (idx[i] < 0 || idx[i] >= E) return 0;
+  return 1;
+}
+
+/* p = softmax of one row of E logits. */
+static void softmax_row(const float *row, float *p, int64_t E) { ck_softmax_rows(row, p, 1, E); }
+
+int ck_route_weights_fwd(const float *logits, const int32_t *idx, float *w, int64_t T,
+                         int64_t E, int64_t k) {
+  if (!ids_ok(idx, T * k, E)) return CK_EINDEX;
+  float *p = malloc((size_t)E * sizeof(float));
+  if (!p) return CK_ENOMEM;
+  for (int64_t t = 0; t < T; t++) {
+    softmax_row(logits + t * E, p, E);
+    const int32_t *id = idx + t * k;
+    float *wr = w + t * k, s = 0.0f;
+    for (int64_t j = 0; j < k; j++) s += (wr[j] = p[id[j]]);
+    for (int64_t j = 0; j < k; j++) wr[j] /= s;
+  }
+  free(p);
+  return CK_OK;
+}
+
+/* The full softmax's denominator cancels in the renormalisation, so w_j is the softmax of the
+ * selected logits alone: w_j = exp(l_{id_j}) / sum_j' exp(l_{id_j'}). Its gradient is
+ *   dlogits[id_j] += w_j (dw_j - sum_j' w_j' dw_j'),   0 for the experts not selected.
+ * (Chaining through the full softmax and the division gives the same, up to rounding.) */
+int ck_route_weights_bwd(const float *logits, const int32_t *idx, const float *dw,
+                         float *dlogits, int64_t T, int64_t E, int64_t k) {
+  if (!ids_ok(idx, T * k, E)) return CK_EINDEX;
+  float *w = malloc((size_t)k * sizeof(float));
+  if (!w) return CK_ENOMEM;
+  for (int64_t t = 0; t < T; t++) {
+    const float *row = logits + t * E, *g = dw + t * k;
+    const int32_t *id = idx + t * k;
+    float *dl = dlogits + t * E;
+    float mx = -INFINITY;
+    for (int64_t j = 0; j < k; j++) mx = fmaxf(mx, row[id[j]]);
+    double s = 0.0;
+    for (int64_t j = 0; j < k; j++) s += (w[j] = expf(row[id[j]] - mx));
+    double wg = 0.0;
+    for (int64_t j = 0; j < k; j++) {
+      w[j] = (float)(w[j] / s);
+      wg += (double)w[j] * g[j];
+    }
+    memset(dl, 0, (size_t)E * sizeof(float));
+    for (int64_t j = 0; j < k; j++) dl[id[j]] += w[j] * (float)(g[j] - wg);
+  }
+  free(w);
+  return CK_OK;
+}
+
+/* c_e = number of (t, j) routed to e, as double. */
+static void count_routes(const int32_t *idx, int64_t n, int64_t E, double *c) {
+  for (int64_t e = 0; e < E; e++) c[e] = 0.0;
+  for (int64_t i = 0; i < n; i++) c[idx[i]] += 1.0;
+}
+
+int ck_aux_loss_fwd(const float *logits, const int32_t *idx, float *loss, int64_t T,
+                    int64_t E, int64_t k, float coef) {
+  if (!ids_ok(idx, T * k, E)) return CK_EINDEX;
+  if (T == 0) {
+    *loss = 0.0f;
+    return CK_OK;
+  }
+  double *c = malloc((size_t)(2 * E) * sizeof(double)), *P = c + E;
+  float *p = malloc((size_t)E * sizeof(float));
+  if (!c || !p) {
+    free(c);
+    free(p);
+    return CK_ENOMEM;
+  }
+  count_routes(idx, T * k, E, c);
+  for (int64_t e = 0; e < E; e++) P[e] = 0.0;
+  for (int64_t t = 0; t < T; t++) {
+    softmax_row(logits + t * E, p, E);
+    for (int64_t e = 0; e < E; e++) P[e] += p[e];
+  }
+  double s = 0.0;
+  for (int64_t e = 0; e < E; e++) s += (c[e] / (double)T) * (P[e] / (double)T);
+  *loss = (float)((double)coef * (double)E * s);
+  free(c);
+  free(p);
+  return CK_OK;
+}
+
+/* loss = sum_e a_e P_e with a_e = coef E c_e / T (constant: ids are not differentiable), and
+ * dP_e / dl[t,e'] = p[t,e] (delta_ee' - p[t,e']) / T, so
+ *   dlogits[t,e'] += dloss p[t,e'] (a_e' - sum_e a_e p[t,e]) / T. */
+int ck_aux_loss_bwd(const float *logits, const int32_t *idx, float dloss, float *dlogits,
+                    int64_t T, int64_t E, int64_t k, float coef) {
+  if (!ids_ok(idx, T * k, E)) return CK_EINDEX;
+  if (T == 0) return CK_OK;
+  double *a = malloc((size_t)E * sizeof(double));
+  float *p = malloc((size_t)E * sizeof(float));
+  if (!a || !p) {
+    free(a);
+    free(p);
+    return CK_ENOMEM;
+  }
+  count_routes(idx, T * k, E, a);
+  for (int64_t e = 0; e < E; e++) a[e] *= (double)coef * (double)E / (double)T;
+  const double f = (double)dloss / (double)T;
+  for (int64_t t = 0; t < T; t++) {
+    softmax_row(logits + t * E, p, E);
+    double ap = 0.0;
+    for (int64_t e = 0; e < E; e++) ap += a[e] * p[e];
+    float *dl = dlogits + t * E;
+    for (int64_t e = 0; e < E; e++) dl[e] += (float)(f * p[e] * (a[e] - ap));
+  }
+  free(a);
+  free(p);
+  return CK_OK;
+}
+
+void ck_z_loss_fwd(const float *logits, float *loss, int64_t T, int64_t E, float coef) {
+  double s = 0.0;
+  for (int64_t t = 0; t < T; t++) {
+    double l;
+    ck_logsumexp_rows(logits + t * E, &l, 1, E);
+    s += l * l;
+  }
+  *loss = T > 0 ? (float)((double)coef * s / (double)T) : 0.0f;
+}
+
+/* d/dl[t,e] coef mean_t lse_t^2 = coef (2 / T) lse_t softmax(l_t)_e. */
+void ck_z_loss_bwd(const float *logits, float dloss, float *dlogits, int64_t T, int64_t E,
+                   float coef) {
+  for (int64_t t = 0; t < T; t++) {
+    const float *row = logits + t * E;
+    float *dl = dlogits + t * E;
+    double l;
+    ck_logsumexp_rows(row, &l, 1, E);
+    double f = (double)dloss * coef * 2.0 / (double)T * l;
+    for (int64_t e = 0; e < E; e++) dl[e] += (float)(f * exp((double)row[e] - l));
+  }
+}
+
+int64_t ck_route_rows(const int32_t *idx, int64_t T, int64_t k, int32_t e, int32_t *rows,
+                      int32_t *slots) {
+  int64_t n = 0;
+  for (int64_t t = 0; t < T; t++)
+    for (int64_t j = 0; j < k; j++)
+      if (idx[t * k + j] == e) {
+        rows[n] = (int32_t)t;
+        if (slots) slots[n] = (int32_t)j;
+        n++;
+      }
+  return n;
+}
+
+int ck_dispatch_fwd(const float *x, const int32_t *rows, float *xe, int64_t T, int64_t n,
+                    int64_t H) {
+  if (!ids_ok(rows, n, T)) return CK_EINDEX;
+  for (int64_t r = 0; r < n; r++)
+    memcpy(xe + r * H, x + (int64_t)rows[r] * H, (size_t)H * sizeof(float));
+  return CK_OK;
+}
+
+int ck_dispatch_bwd(const float *dxe, const int32_t *rows, float *dx, int64_t T, int64_t n,
+                    int64_t H) {
+  if (!ids_ok(rows, n, T)) return CK_EINDEX;
+  for (int64_t r = 0; r < n; r++) {
+    float *dst = dx + (int64_t)rows[r] * H;
+    const float *src = dxe + r * H;
+    for (int64_t i = 0; i < H; i++) dst[i] += src[i];
+  }
+  return CK_OK;
+}
+
+/* Both walk (t, j) in ascending order, so row[e], the number of pairs of expert e seen so
+ * far, is the row of (t, j) in y_e. */
+int ck_combine_fwd(const int32_t *idx, const float *w, const float *const *y, float *out,
+                   int64_t T, int64_t k, int64_t E, int64_t H) {
+  if (!ids_ok(idx, T * k, E)) return CK_EINDEX;
+  int64_t *row = calloc((size_t)(E > 0 ? E : 1), sizeof(int64_t));
+  if (!row) return CK_ENOMEM;
+  for (int64_t t = 0; t < T; t++) {
+    float *o = out + t * H;
+    memset(o, 0, (size_t)H * sizeof(float));
+    for (int64_t j = 0; j < k; j++) {
+      int32_t e = idx[t * k + j];
+      const float *ye = y[e] + row[e]++ * H, wt = w[t * k + j];
+      for (int64_t i = 0; i < H; i++) o[i] += wt * ye[i];
+    }
+  }
+  free(row);
+  return CK_OK;
+}
+
+int ck_combine_bwd(const int32_t *idx, const float *w, const float *const *y, const float *dout,
+                   float *const *dy, float *dw, int64_t T, int64_t k, int64_t E, int64_t H) {
+  if (!ids_ok(idx, T * k, E)) return CK_EINDEX;
+  int64_t *row = calloc((size_t)(E > 0 ? E : 1), sizeof(int64_t));
+  if (!row) return CK_ENOMEM;
+  for (int64_t t = 0; t < T; t++) {
+    const float *g = dout + t * H;
+    for (int64_t j = 0; j < k; j++) {
+      int32_t e = idx[t * k + j];
+      int64_t r = row[e]++;
+      const float *ye = y[e] + r * H, wt = w[t * k + j];
+      float *dye = dy[e] + r * H;
+      double d = 0.0;
+      for (int64_t i = 0; i < H; i++) {
+        d += (double)g[i] * ye[i];
+        dye[i] = wt * g[i];
+      }
+      dw[t * k + j] = (float)d;
+    }
+  }
+  free(row);
+  return CK_OK;
+}

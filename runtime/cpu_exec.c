@@ -1,0 +1,563 @@
+/* cpu_exec.c -- interprets the IR node by node on the CPU. One exec function per op (the op
+ * table's CPU column); run-time sizes (rows routed to each expert) are computed as it goes;
+ * each value is freed after its last use. */
+#include "cpu_exec.h"
+
+#include <assert.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cpu_kernels.h"
+
+typedef struct {
+  float *f;       /* float values (bf16 ones are kept rounded, in fp32) */
+  int32_t *i;     /* integer values */
+  int64_t rows;   /* run-time leading dimension (rank >= 1) */
+  int64_t numel;
+  int owned;      /* freed after the last use */
+} rt_value;
+
+struct cpu_exec {
+  const ir_graph *g;
+  rt_params *ps;
+  rt_param **param_of; /* (n_nodes) storage of each param op */
+  int *last_use;       /* (n_nodes) last node that reads each value */
+  rt_value *val;       /* (n_nodes) */
+  const int32_t *tokens, *labels;
+  int64_t step;
+  double grad_norm;
+  int keep_all;
+  char *err;
+  size_t errlen;
+};
+
+typedef struct cpu_exec ex;
+
+static int fail(ex *x, int id, const char *fmt, ...) {
+  const ir_node *n = &x->g->nodes[id];
+  int k = snprintf(x->err, x->errlen, "%s:%d:%d: error: %s (%%%d): ", n->loc.file ? n->loc.file : "?", n->loc.line,
+                   n->loc.col, ir_ops[n->op].name, id);
+  va_list ap;
+  va_start(ap, fmt);
+  if (k >= 0 && (size_t)k < x->errlen) vsnprintf(x->err + k, x->errlen - (size_t)k, fmt, ap);
+  va_end(ap);
+  return -1;
+}
+
+static int check_ck(ex *x, int id, int rc) {
+  return rc == CK_OK ? 0 : fail(x, id, "%s", ck_strerror(rc));
+}
+
+/* ---- helpers ---- */
+#define N(id) (&x->g->nodes[id])
+#define IN(id, k) (&x->val[N(id)->in[k]])
+#define COLS(id) (N(id)->type.rank >= 2 ? N(id)->type.dims[N(id)->type.rank - 1] : 1)
+#define INCOLS(id, k) COLS(N(id)->in[k])
+
+/* Allocates the result of node id with `rows` leading rows (rank >= 1) or one value. */
+static int alloc_out(ex *x, int id, int64_t rows, int zero) {
+  const ir_type *t = &N(id)->type;
+  int64_t numel = t->rank == 0 ? 1 : rows;
+  for (int d = 1; d < t->rank; d++) numel *= t->dims[d];
+  rt_value *v = &x->val[id];
+  v->rows = t->rank == 0 ? 1 : rows;
+  v->numel = numel;
+  v->owned = 1;
+  size_t bytes = (size_t)(numel ? numel : 1) * 4;
+  if (t->dtype == DT_I32) v->i = zero ? calloc(1, bytes) : malloc(bytes);
+  else v->f = zero ? calloc(1, bytes) : malloc(bytes);
+  if (!v->i && !v->f) return fail(x, id, "out of host memory (%lld values)", (long long)numel);
+  return 0;
+}
+
+/* Static leading size of a value's type, or its run-time rows. */
+static int64_t rows_of(ex *x, int v) { return x->val[v].rows; }
+
+static int64_t *route_rows(ex *x, int id, const rt_value *idx, int64_t T, int64_t k, int e, int32_t **rows,
+                           int32_t **slots, int64_t *n) {
+  *rows = malloc((size_t)(T * k + 1) * sizeof(int32_t));
+  *slots = malloc((size_t)(T * k + 1) * sizeof(int32_t));
+  if (!*rows || !*slots) {
+    free(*rows);
+    free(*slots);
+    fail(x, id, "out of host memory");
+    return NULL;
+  }
+  *n = ck_route_rows(idx->i, T, k, e, *rows, *slots);
+  return n;
+}
+
+/* ---- one exec function per op ---- */
+static int exec_INPUT(ex *x, int id) {
+  const char *name = ir_get_str(N(id), "name", "");
+  const int32_t *src = strcmp(name, "tokens") == 0 ? x->tokens : strcmp(name, "labels") == 0 ? x->labels : NULL;
+  if (!src) return fail(x, id, "unknown input '%s'", name);
+  x->val[id] = (rt_value){NULL, (int32_t *)src, N(id)->type.dims[0], N(id)->type.dims[0], 0};
+  return 0;
+}
+
+static int exec_PARAM(ex *x, int id) {
+  rt_param *p = x->param_of[id];
+  x->val[id] = (rt_value){p->w, NULL, p->type.dims[0], p->numel, 0};
+  return 0;
+}
+
+static int exec_CAST(ex *x, int id) {
+  const rt_value *a = IN(id, 0);
+  if (alloc_out(x, id, a->rows, 0)) return -1;
+  memcpy(x->val[id].f, a->f, (size_t)a->numel * sizeof(float));
+  return 0;
+}
+
+static int exec_EMBEDDING(ex *x, int id) {
+  const rt_value *tab = IN(id, 0), *tok = IN(id, 1);
+  int64_t H = INCOLS(id, 0);
+  if (alloc_out(x, id, tok->rows, 0)) return -1;
+  return check_ck(x, id, ck_embedding_fwd(tab->f, tok->i, x->val[id].f, tok->rows, tab->rows, H));
+}
+
+static int exec_RMSNORM(ex *x, int id) {
+  const rt_value *a = IN(id, 0);
+  if (alloc_out(x, id, a->rows, 0)) return -1;
+  ck_rmsnorm_fwd(a->f, IN(id, 1)->f, x->val[id].f, a->rows, COLS(id), (float)ir_get_float(N(id), "eps", 1e-5));
+  return 0;
+}
+
+static int exec_LINEAR(ex *x, int id) {
+  const rt_value *a = IN(id, 0);
+  if (alloc_out(x, id, a->rows, 0)) return -1;
+  ck_linear_fwd(a->f, IN(id, 1)->f, N(id)->n_in == 3 ? IN(id, 2)->f : NULL, x->val[id].f, a->rows, INCOLS(id, 0),
+                COLS(id));
+  return 0;
+}
+
+static int exec_ROPE(ex *x, int id) {
+  const rt_value *a = IN(id, 0);
+  int64_t nh = ir_get_int(N(id), "heads", 1), hd = COLS(id) / nh, seq = ir_get_int(N(id), "seq", a->rows);
+  double theta = ir_get_float(N(id), "theta", 1e4);
+  if (alloc_out(x, id, a->rows, 0)) return -1;
+  int rc = ir_get_int(N(id), "inverse", 0) ? ck_rope_bwd(a->f, x->val[id].f, a->rows, nh, hd, seq, theta)
+                                           : ck_rope_fwd(a->f, x->val[id].f, a->rows, nh, hd, seq, theta);
+  return check_ck(x, id, rc);
+}
+
+typedef struct {
+  int64_t B, seq, nh, nkv, hd;
+  int causal;
+} attn_dims;
+
+static attn_dims attention_dims(ex *x, int id) {
+  attn_dims d;
+  d.seq = ir_get_int(N(id), "seq", 1);
+  d.B = rows_of(x, N(id)->in[0]) / d.seq;
+  d.nh = ir_get_int(N(id), "heads", 1);
+  d.nkv = ir_get_int(N(id), "kv_heads", 1);
+  d.hd = INCOLS(id, 0) / d.nh;
+  d.causal = (int)ir_get_int(N(id), "causal", 1);
+  return d;
+}
+
+static int exec_ATTENTION(ex *x, int id) {
+  attn_dims d = attention_dims(x, id);
+  float *lse = malloc((size_t)(d.B * d.nh * d.seq) * sizeof(float));
+  if (!lse || alloc_out(x, id, IN(id, 0)->rows, 0)) {
+    free(lse);
+    return lse ? -1 : fail(x, id, "out of host memory");
+  }
+  int rc = ck_attention_fwd(IN(id, 0)->f, IN(id, 1)->f, IN(id, 2)->f, x->val[id].f, lse, d.B, d.seq, d.nh, d.nkv,
+                            d.hd, d.causal);
+  free(lse);
+  return check_ck(x, id, rc);
+}
+
+static int exec_TOPK(ex *x, int id) {
+  const rt_value *l = IN(id, 0);
+  if (alloc_out(x, id, l->rows, 0)) return -1;
+  return check_ck(x, id, ck_topk(l->f, x->val[id].i, l->rows, INCOLS(id, 0), COLS(id)));
+}
+
+static int exec_ROUTE_WEIGHTS(ex *x, int id) {
+  const rt_value *l = IN(id, 0);
+  if (alloc_out(x, id, l->rows, 0)) return -1;
+  return check_ck(x, id, ck_route_weights_fwd(l->f, IN(id, 1)->i, x->val[id].f, l->rows, INCOLS(id, 0), COLS(id)));
+}
+
+static int exec_AUX_LOSS(ex *x, int id) {
+  const rt_value *l = IN(id, 0);
+  if (alloc_out(x, id, 1, 0)) return -1;
+  return check_ck(x, id, ck_aux_loss_fwd(l->f, IN(id, 1)->i, x->val[id].f, l->rows, INCOLS(id, 0), INCOLS(id, 1),
+                                         (float)ir_get_float(N(id), "coef", 0)));
+}
+
+static int exec_Z_LOSS(ex *x, int id) {
+  const rt_value *l = IN(id, 0);
+  if (alloc_out(x, id, 1, 0)) return -1;
+  ck_z_loss_fwd(l->f, x->val[id].f, l->rows, INCOLS(id, 0), (float)ir_get_float(N(id), "coef", 0));
+  return 0;
+}
+
+static int exec_DISPATCH(ex *x, int id) {
+  const rt_value *a = IN(id, 0), *idx = IN(id, 1);
+  int32_t *rows, *slots;
+  int64_t n;
+  if (!route_rows(x, id, idx, idx->rows, INCOLS(id, 1), (int)ir_get_int(N(id), "expert", 0), &rows, &slots, &n))
+    return -1;
+  int rc = alloc_out(x, id, n, 0);
+  if (rc == 0) rc = check_ck(x, id, ck_dispatch_fwd(a->f, rows, x->val[id].f, a->rows, n, COLS(id)));
+  free(rows);
+  free(slots);
+  return rc;
+}
+
+/* Pointers to the expert outputs y_0..y_{E-1}, operands first..first+E-1 of node id. */
+static const float **expert_ptrs(ex *x, int id, int first, int64_t E) {
+  const float **y = malloc((size_t)E * sizeof *y);
+  if (!y) return NULL;
+  for (int64_t e = 0; e < E; e++) y[e] = IN(id, first + (int)e)->f;
+  return y;
+}
+
+static int exec_COMBINE(ex *x, int id) {
+  const rt_value *idx = IN(id, 0);
+  int64_t E = N(id)->n_in - 2;
+  const float **y = expert_ptrs(x, id, 2, E);
+  if (!y) return fail(x, id, "out of host memory");
+  int rc = alloc_out(x, id, idx->rows, 0);
+  if (rc == 0)
+    rc = check_ck(x, id, ck_combine_fwd(idx->i, IN(id, 1)->f, y, x->val[id].f, idx->rows, INCOLS(id, 0), E, COLS(id)));
+  free(y);
+  return rc;
+}
+
+static int exec_SILU(ex *x, int id) {
+  const rt_value *a = IN(id, 0);
+  if (alloc_out(x, id, a->rows, 0)) return -1;
+  ck_silu_fwd(a->f, x->val[id].f, a->numel);
+  return 0;
+}
+
+static int exec_MUL(ex *x, int id) {
+  const rt_value *a = IN(id, 0);
+  if (alloc_out(x, id, a->rows, 0)) return -1;
+  ck_mul_fwd(a->f, IN(id, 1)->f, x->val[id].f, a->numel);
+  return 0;
+}
+
+static int exec_ADD(ex *x, int id) {
+  const rt_value *a = IN(id, 0);
+  if (alloc_out(x, id, a->rows, 0)) return -1;
+  ck_add_fwd(a->f, IN(id, 1)->f, x->val[id].f, a->numel);
+  return 0;
+}
+
+static int exec_CROSS_ENTROPY(ex *x, int id) {
+  const rt_value *l = IN(id, 0);
+  if (alloc_out(x, id, 1, 0)) return -1;
+  return check_ck(x, id, ck_cross_entropy_fwd(l->f, IN(id, 1)->i, x->val[id].f, l->rows, INCOLS(id, 0)));
+}
+
+static int exec_FILL(ex *x, int id) {
+  const ir_type *t = &N(id)->type;
+  if (alloc_out(x, id, t->rank ? t->dims[0] : 1, 0)) return -1;
+  float v = (float)ir_get_float(N(id), "value", 0);
+  for (int64_t i = 0; i < x->val[id].numel; i++) x->val[id].f[i] = v;
+  return 0;
+}
+
+static int exec_MATMUL(ex *x, int id) {
+  const rt_value *a = IN(id, 0), *b = IN(id, 1);
+  int ta = (int)ir_get_int(N(id), "trans_a", 0), tb = (int)ir_get_int(N(id), "trans_b", 0);
+  int64_t ar = a->rows, ac = INCOLS(id, 0), br = b->rows, bc = INCOLS(id, 1);
+  int64_t m = ta ? ac : ar, k = ta ? ar : ac, n = tb ? br : bc;
+  if ((tb ? bc : br) != k) return fail(x, id, "inner sizes differ at run time (%lld vs %lld)", (long long)k, (long long)(tb ? bc : br));
+  if (alloc_out(x, id, m, 0)) return -1;
+  ck_matmul(a->f, b->f, x->val[id].f, m, k, n, ta, tb, 0.0f);
+  return 0;
+}
+
+static int exec_COLSUM(ex *x, int id) {
+  const rt_value *a = IN(id, 0);
+  int64_t M = INCOLS(id, 0);
+  if (alloc_out(x, id, M, 1)) return -1;
+  for (int64_t r = 0; r < a->rows; r++)
+    for (int64_t c = 0; c < M; c++) x->val[id].f[c] += a->f[r * M + c];
+  return 0;
+}
+
+static int exec_EMBEDDING_BWD(ex *x, int id) {
+  const rt_value *dy = IN(id, 0), *tok = IN(id, 1);
+  int64_t V = N(id)->type.dims[0];
+  if (alloc_out(x, id, V, 1)) return -1;
+  return check_ck(x, id, ck_embedding_bwd(tok->i, dy->f, x->val[id].f, tok->rows, V, COLS(id)));
+}
+
+static int exec_RMSNORM_BWD_X(ex *x, int id) {
+  const rt_value *dy = IN(id, 0), *a = IN(id, 1);
+  if (alloc_out(x, id, a->rows, 0)) return -1;
+  ck_rmsnorm_bwd(a->f, IN(id, 2)->f, dy->f, x->val[id].f, NULL, a->rows, COLS(id), (float)ir_get_float(N(id), "eps", 1e-5));
+  return 0;
+}
+
+static int exec_RMSNORM_BWD_W(ex *x, int id) {
+  /* dw = sum_t dy * x * rstd(x) does not depend on w; the kernel computes it alongside dx,
+   * so call it with unit weights and a scratch dx. */
+  const rt_value *dy = IN(id, 0), *a = IN(id, 1);
+  int64_t H = INCOLS(id, 1);
+  float *ones = malloc((size_t)H * sizeof(float)), *dx = malloc((size_t)a->numel * sizeof(float));
+  int rc = (!ones || !dx) ? fail(x, id, "out of host memory") : alloc_out(x, id, H, 1);
+  if (rc == 0) {
+    for (int64_t i = 0; i < H; i++) ones[i] = 1.0f;
+    ck_rmsnorm_bwd(a->f, ones, dy->f, dx, x->val[id].f, a->rows, H, (float)ir_get_float(N(id), "eps", 1e-5));
+  }
+  free(ones);
+  free(dx);
+  return rc;
+}
+
+static int exec_ATTENTION_BWD(ex *x, int id) {
+  attn_dims d = attention_dims(x, id);
+  int64_t T = IN(id, 0)->rows, cq = d.nh * d.hd, ck = d.nkv * d.hd, W = cq + 2 * ck;
+  /* the forward's logsumexp is recomputed here rather than kept alive through the step */
+  float *lse = malloc((size_t)(d.B * d.nh * d.seq) * sizeof(float));
+  float *scratch = malloc((size_t)(T * (cq + W)) * sizeof(float));
+  int rc = (!lse || !scratch) ? fail(x, id, "out of host memory") : alloc_out(x, id, T, 0);
+  if (rc == 0)
+    rc = check_ck(x, id, ck_attention_fwd(IN(id, 0)->f, IN(id, 1)->f, IN(id, 2)->f, scratch, lse, d.B, d.seq, d.nh,
+                                          d.nkv, d.hd, d.causal));
+  float *dq = scratch + T * cq, *dk = dq + T * cq, *dv = dk + T * ck;
+  if (rc == 0)
+    rc = check_ck(x, id, ck_attention_bwd(IN(id, 0)->f, IN(id, 1)->f, IN(id, 2)->f, IN(id, 3)->f, lse, IN(id, 4)->f, dq,
+                                          dk, dv, d.B, d.seq, d.nh, d.nkv, d.hd, d.causal));
+  if (rc == 0) {
+    float *out = x->val[id].f; /* (T, cq | ck | ck) */
+    for (int64_t t = 0; t < T; t++) {
+      memcpy(out + t * W, dq + t * cq, (size_t)cq * sizeof(float));
+      memcpy(out + t * W + cq, dk + t * ck, (size_t)ck * sizeof(float));
+      memcpy(out + t * W + cq + ck, dv + t * ck, (size_t)ck * sizeof(float));
+    }
+  }
+  free(lse);
+  free(scratch);
+  return rc;
+}
+
+static int exec_SLICE_COLS(ex *x, int id) {
+  const rt_value *a = IN(id, 0);
+  int64_t W = INCOLS(id, 0), start = ir_get_int(N(id), "start", 0), w = COLS(id);
+  if (alloc_out(x, id, a->rows, 0)) return -1;
+  for (int64_t r = 0; r < a->rows; r++) memcpy(x->val[id].f + r * w, a->f + r * W + start, (size_t)w * sizeof(float));
+  return 0;
+}
+
+static int exec_SILU_BWD(ex *x, int id) {
+  const rt_value *dy = IN(id, 0);
+  if (alloc_out(x, id, dy->rows, 0)) return -1;
+  ck_silu_bwd(IN(id, 1)->f, dy->f, x->val[id].f, dy->numel);
+  return 0;
+}
+
+static int exec_ROUTE_WEIGHTS_BWD(ex *x, int id) {
+  const rt_value *l = IN(id, 1);
+  if (alloc_out(x, id, l->rows, 0)) return -1;
+  return check_ck(x, id, ck_route_weights_bwd(l->f, IN(id, 2)->i, IN(id, 0)->f, x->val[id].f, l->rows, COLS(id),
+                                              INCOLS(id, 2)));
+}
+
+static int exec_AUX_LOSS_BWD(ex *x, int id) {
+  const rt_value *l = IN(id, 1);
+  if (alloc_out(x, id, l->rows, 1)) return -1;
+  return check_ck(x, id, ck_aux_loss_bwd(l->f, IN(id, 2)->i, IN(id, 0)->f[0], x->val[id].f, l->rows, COLS(id),
+                                         INCOLS(id, 2), (float)ir_get_float(N(id), "coef", 0)));
+}
+
+static int exec_Z_LOSS_BWD(ex *x, int id) {
+  const rt_value *l = IN(id, 1);
+  if (alloc_out(x, id, l->rows, 1)) return -1;
+  ck_z_loss_bwd(l->f, IN(id, 0)->f[0], x->val[id].f, l->rows, COLS(id), (float)ir_get_float(N(id), "coef", 0));
+  return 0;
+}
+
+static int exec_DISPATCH_BWD(ex *x, int id) {
+  const rt_value *dxe = IN(id, 0), *idx = IN(id, 1);
+  int32_t *rows, *slots;
+  int64_t n;
+  if (!route_rows(x, id, idx, idx->rows, INCOLS(id, 1), (int)ir_get_int(N(id), "expert", 0), &rows, &slots, &n))
+    return -1;
+  int rc = n != dxe->rows ? fail(x, id, "expert gradient has %lld rows, routing gives %lld", (long long)dxe->rows, (long long)n)
+                          : alloc_out(x, id, idx->rows, 1);
+  if (rc == 0) rc = check_ck(x, id, ck_dispatch_bwd(dxe->f, rows, x->val[id].f, idx->rows, n, COLS(id)));
+  free(rows);
+  free(slots);
+  return rc;
+}
+
+static int exec_COMBINE_BWD_Y(ex *x, int id) {
+  /* dy_e[r] = w[t, j] * dout[t] for the (t, j) pairs routed to expert e */
+  const rt_value *dout = IN(id, 0), *idx = IN(id, 1), *w = IN(id, 2);
+  int64_t k = INCOLS(id, 1), H = COLS(id);
+  int32_t *rows, *slots;
+  int64_t n;
+  if (!route_rows(x, id, idx, idx->rows, k, (int)ir_get_int(N(id), "expert", 0), &rows, &slots, &n)) return -1;
+  int rc = alloc_out(x, id, n, 0);
+  for (int64_t r = 0; rc == 0 && r < n; r++) {
+    float s = w->f[(int64_t)rows[r] * k + slots[r]];
+    const float *src = dout->f + (int64_t)rows[r] * H;
+    float *dst = x->val[id].f + r * H;
+    for (int64_t c = 0; c < H; c++) dst[c] = s * src[c];
+  }
+  free(rows);
+  free(slots);
+  return rc;
+}
+
+static int exec_COMBINE_BWD_W(ex *x, int id) {
+  const rt_value *dout = IN(id, 0), *idx = IN(id, 1);
+  int64_t E = N(id)->n_in - 2, T = idx->rows, k = INCOLS(id, 1), H = INCOLS(id, 0);
+  const float **y = expert_ptrs(x, id, 2, E);
+  float **dy = calloc((size_t)E, sizeof *dy);
+  float *w_ones = malloc((size_t)(T * k) * sizeof(float));
+  int rc = (!y || !dy || !w_ones) ? fail(x, id, "out of host memory") : alloc_out(x, id, T, 0);
+  for (int64_t e = 0; rc == 0 && e < E; e++)
+    if (!(dy[e] = malloc((size_t)(IN(id, 2 + (int)e)->numel + 1) * sizeof(float)))) rc = fail(x, id, "out of host memory");
+  if (rc == 0) {
+    /* the weights do not enter dw; the kernel also writes the expert gradients, unused here */
+    for (int64_t i = 0; i < T * k; i++) w_ones[i] = 1.0f;
+    rc = check_ck(x, id, ck_combine_bwd(idx->i, w_ones, y, dout->f, dy, x->val[id].f, T, k, E, H));
+  }
+  for (int64_t e = 0; dy && e < E; e++) free(dy[e]);
+  free(dy);
+  free(y);
+  free(w_ones);
+  return rc;
+}
+
+static int exec_CROSS_ENTROPY_BWD(ex *x, int id) {
+  const rt_value *l = IN(id, 1);
+  if (alloc_out(x, id, l->rows, 0)) return -1;
+  return check_ck(x, id, ck_cross_entropy_bwd(l->f, IN(id, 2)->i, IN(id, 0)->f[0], x->val[id].f, l->rows, COLS(id)));
+}
+
+static int exec_GRAD_NORM(ex *x, int id) {
+  int n = N(id)->n_in;
+  const float **bufs = malloc((size_t)n * sizeof *bufs);
+  int64_t *sizes = malloc((size_t)n * sizeof *sizes);
+  int rc = (!bufs || !sizes) ? fail(x, id, "out of host memory") : alloc_out(x, id, 1, 0);
+  if (rc == 0) {
+    for (int i = 0; i < n; i++) {
+      bufs[i] = IN(id, i)->f;
+      sizes[i] = IN(id, i)->numel;
+    }
+    x->grad_norm = ck_grad_norm(bufs, sizes, n);
+    x->val[id].f[0] = (float)x->grad_norm;
+  }
+  free(bufs);
+  free(sizes);
+  return rc;
+}
+
+static int exec_ADAMW(ex *x, int id) {
+  const moec_config *c = &x->g->cfg;
+  rt_param *p = x->param_of[N(id)->in[0]];
+  double lr = ck_lr_at(x->step, c->steps, c->warmup, c->lr, c->min_lr, c->schedule);
+  float scale = c->clip > 0 ? ck_clip_coef(x->grad_norm, c->clip) : 1.0f;
+  ck_adamw_step(p->w, IN(id, 1)->f, p->m, p->v, p->numel, x->step, scale, lr, c->beta1, c->beta2, c->adam_eps,
+                ir_get_float(N(id), "weight_decay", 0));
+  x->val[id] = (rt_value){p->w, NULL, p->type.dims[0], p->numel, 0};
+  return 0;
+}
+
+typedef int (*exec_fn)(ex *, int);
+static const exec_fn exec_table[] = {
+#define OP(id, name, min_in, max_in, cg) [OP_##id] = exec_##id,
+#include "ops.def"
+#undef OP
+};
+static_assert(sizeof exec_table / sizeof exec_table[0] == OP_COUNT, "one CPU exec function per op");
+
+cpu_exec *cpu_exec_new(const ir_graph *g, rt_params *ps, char *err, size_t errlen) {
+  ex *x = calloc(1, sizeof *x);
+  if (!x) return NULL;
+  x->g = g;
+  x->ps = ps;
+  size_t n = (size_t)g->n_nodes + 1;
+  x->param_of = calloc(n, sizeof *x->param_of);
+  x->last_use = malloc(n * sizeof *x->last_use);
+  x->val = calloc(n, sizeof *x->val);
+  if (!x->param_of || !x->last_use || !x->val) {
+    cpu_exec_free(x);
+    snprintf(err, errlen, "out of host memory");
+    return NULL;
+  }
+  for (int id = 0; id < g->n_nodes; id++) {
+    x->last_use[id] = id;
+    const ir_node *nd = &g->nodes[id];
+    for (int j = 0; j < nd->n_in; j++) x->last_use[nd->in[j]] = id;
+    if (nd->op == OP_PARAM) {
+      const char *name = ir_get_str(nd, "name", "");
+      x->param_of[id] = rt_params_find(ps, name);
+      if (!x->param_of[id] || x->param_of[id]->numel != ir_type_numel_bound(g, &nd->type)) {
+        snprintf(err, errlen, "parameter '%s' is missing or has another shape in the parameter store", name);
+        cpu_exec_free(x);
+        return NULL;
+      }
+    }
+  }
+  for (int i = 0; i < g->n_outputs; i++) x->last_use[g->outputs[i]] = g->n_nodes;
+  return x;
+}
+
+static void release(rt_value *v) {
+  if (v->owned) {
+    free(v->f);
+    free(v->i);
+  }
+  memset(v, 0, sizeof *v);
+}
+
+void cpu_exec_free(cpu_exec *x) {
+  if (!x) return;
+  if (x->val)
+    for (int i = 0; i < x->g->n_nodes; i++) release(&x->val[i]);
+  free(x->param_of);
+  free(x->last_use);
+  free(x->val);
+  free(x);
+}
+
+void cpu_exec_keep_all(cpu_exec *x, int keep_all) { x->keep_all = keep_all; }
+
+const float *cpu_exec_value(const cpu_exec *x, int id, int64_t *numel) {
+  if (id < 0 || id >= x->g->n_nodes) return NULL;
+  if (numel) *numel = x->val[id].numel;
+  return x->val[id].f;
+}
+
+int cpu_exec_run(cpu_exec *x, const int32_t *tokens, const int32_t *labels, int64_t step, float *outputs,
+                 double *grad_norm, char *err, size_t errlen) {
+  const ir_graph *g = x->g;
+  x->tokens = tokens;
+  x->labels = labels;
+  x->step = step;
+  x->err = err;
+  x->errlen = errlen;
+  x->grad_norm = 0;
+  for (int i = 0; i < g->n_nodes; i++) release(&x->val[i]);
+  int rc = 0;
+  for (int id = 0; id < g->n_nodes && rc == 0; id++) {
+    rc = exec_table[g->nodes[id].op](x, id);
+    if (rc == 0 && g->nodes[id].type.dtype == DT_BF16 && x->val[id].owned)
+      ck_round_bf16(x->val[id].f, x->val[id].numel);
+    if (!x->keep_all)
+      for (int j = 0; j < g->nodes[id].n_in; j++) {
+        int v = g->nodes[id].in[j];
+        if (x->last_use[v] == id) release(&x->val[v]);
+      }
+  }
+  for (int i = 0; rc == 0 && i < g->n_outputs; i++) outputs[i] = x->val[g->outputs[i]].f[0];
+  if (grad_norm) *grad_norm = x->grad_norm;
+  if (!x->keep_all)
+    for (int i = 0; i < g->n_nodes; i++) release(&x->val[i]);
+  return rc;
+}
