@@ -265,14 +265,21 @@ static void resolve_data(sema *S, ast_expr *e) {
     diag_error(S->d, e->span, "'data' must be a string (a FASTA path), got %s", ast_type_name(v.ty));
     return;
   }
-  char buf[sizeof c->data + 8];
+  /* Relative paths become absolute: against the folder of the file that names the data,
+   * or the current directory for --set data=PATH. */
+  char buf[sizeof c->data + 8], base[sizeof c->data];
   const diag_file *f = e->span.file;
-  if (v.s[0] != '/' && f && !f->plain && strchr(f->path, '/')) {
-    const char *slash = strrchr(f->path, '/');
-    snprintf(buf, sizeof buf, "%.*s/%s", (int)(slash - f->path), f->path, v.s);
-  } else {
-    snprintf(buf, sizeof buf, "%s", v.s);
+  base[0] = 0;
+  if (v.s[0] != '/') {
+    char dir[sizeof c->data];
+    const char *slash = f && !f->plain ? strrchr(f->path, '/') : NULL;
+    if (slash) snprintf(dir, sizeof dir, "%.*s", (int)(slash - f->path), f->path);
+    else snprintf(dir, sizeof dir, ".");
+    char *real = realpath(dir[0] ? dir : "/", NULL);
+    if (real) snprintf(base, sizeof base, "%s/", strcmp(real, "/") ? real : "");
+    free(real);
   }
+  snprintf(buf, sizeof buf, "%s%s", base, v.s);
   if (strlen(buf) >= sizeof c->data) {
     diag_error(S->d, e->span, "the data path is too long (the limit is %zu bytes)", sizeof c->data - 1);
     return;

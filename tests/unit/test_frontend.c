@@ -86,7 +86,7 @@ static void check_model(const model_spec *s) {
         "%s: precision %d block %" PRId64 " ep %" PRId64, s->file, c->precision, c->mx_block, c->ep);
   CHECK(c->batch >= 1 && c->steps >= 1 && c->lr > 0 && c->beta1 == 0.9 && c->beta2 == 0.95 && c->stride == c->seq,
         "%s: train defaults", s->file);
-  CHECK(strstr(c->data, "models/../data/chr20") == c->data, "%s: data path %s", s->file, c->data);
+  CHECK(c->data[0] == '/' && strstr(c->data, "/models/../data/chr20"), "%s: data path %s", s->file, c->data);
   int naux = (s->aux > 0) * (int)L, nz = (s->z > 0) * (int)L;
   /* per op */
   CHECK(count_op(g, OP_INPUT) == 2, "%s: inputs", s->file);
