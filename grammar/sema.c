@@ -991,7 +991,7 @@ sv sema_eval(sema *S, ast_expr *e) {
 /* ---- statements ---- */
 
 /* --set on a constant definition: the value replaces the file's. */
-static sv apply_set(sema *S, ast_stmt *st, sv v, sema_var **from) {
+static sv apply_set(sema *S, ast_stmt *st, sv v, sema_set **from) {
   sema_set *o = sema_find_set(S, st->name);
   *from = NULL;
   if (!o || v.ty == TY_ERROR) return v;
@@ -1012,7 +1012,7 @@ static sv apply_set(sema *S, ast_stmt *st, sv v, sema_var **from) {
   }
   n.origin = NULL;
   n.span = o->expr->span;
-  *from = (sema_var *)o; /* marker: the caller records the --set span */
+  *from = o;
   return n;
 }
 
@@ -1024,7 +1024,7 @@ static void walk_assign(sema *S, ast_stmt *st, int kind) {
   sv v = sema_eval(S, st->value);
   S->assign_rhs = saved_rhs;
   S->assign_name = saved_name;
-  sema_var *set_marker = NULL;
+  sema_set *set_marker = NULL;
   v = apply_set(S, st, v, &set_marker);
   if (strcmp(st->name, "tokens") == 0) {
     diag_error(S->d, st->name_span, "'tokens' is built in (the input token ids) and cannot be redefined");
@@ -1080,7 +1080,7 @@ static void walk_assign(sema *S, ast_stmt *st, int kind) {
   st->is_const = is_const;
   if (set_marker) {
     nv->from_set = 1;
-    nv->set_span = ((sema_set *)set_marker)->expr->span;
+    nv->set_span = set_marker->expr->span;
   }
   if (!is_const) {
     nv->def_expr = st->value;
