@@ -4,7 +4,6 @@
 #include "train.h"
 
 #include <errno.h>
-#include <libgen.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -162,17 +161,9 @@ static int load_checkpoint(const ir_graph *g, rt_params *ps, const char *dir) {
 }
 
 /* ---- data ---- */
-static void resolve_data_path(const train_opts *o, const ir_graph *g, char *out, size_t len) {
-  if (o->data) {
-    snprintf(out, len, "%s", o->data);
-  } else if (g->cfg.data[0] == '/' || !o->moe_path) {
-    snprintf(out, len, "%s", g->cfg.data);
-  } else {
-    char *copy = strdup(o->moe_path);
-    snprintf(out, len, "%s/%s", copy ? dirname(copy) : ".", g->cfg.data);
-    free(copy);
-  }
-}
+/* The file's data path is already absolute (the front end resolves it against the .moe file
+ * that names it); --data is taken as given, relative to the working directory. */
+static const char *data_path(const train_opts *o, const ir_graph *g) { return o->data ? o->data : g->cfg.data; }
 
 static void load_progress(void *ctx, int64_t done, int64_t total) {
   const int *tty = ctx;
@@ -208,8 +199,8 @@ static void fmt_eta(double s, char *buf, size_t n) {
 
 int moec_train(const ir_graph *fwd, const ir_graph *step_g, const train_opts *o) {
   const moec_config *cfg = &step_g->cfg;
-  char path[4096], err[2048] = "";
-  resolve_data_path(o, step_g, path, sizeof path);
+  char err[2048] = "";
+  const char *path = data_path(o, step_g);
   int tty = o->progress;
   data_opts dopt = {cfg->seq, cfg->stride, cfg->val_fraction, 0, cfg->rc_augment, (uint64_t)cfg->seed};
   double t_load = now_s();
