@@ -485,7 +485,7 @@ static int prune(const char *dir, int64_t step, int keep, char *warn, size_t war
       v = nv;
     }
     v[n].step = s;
-    snprintf(v[n].name, sizeof v[n].name, "%s", e->d_name);
+    memcpy(v[n].name, e->d_name, strlen(e->d_name) + 1); /* length checked above */
     n++;
   }
   closedir(d);
