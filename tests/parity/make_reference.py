@@ -112,6 +112,9 @@ def build_model(config_path, attn):
         die(f"{config_path}: model_type is {d.get('model_type')!r}, not 'mixtral'")
     d.update(attention_dropout=0.0, router_jitter_noise=0.0, output_router_logits=False,
              use_cache=False)
+    for k in ("rms_norm_eps", "rope_theta", "router_aux_loss_coef", "initializer_range"):
+        if isinstance(d.get(k), int):  # transformers 5 validates types: 0 is not a float
+            d[k] = float(d[k])
     cfg = MixtralConfig.from_dict(d)
     cfg._attn_implementation = attn
     if hasattr(cfg, "_experts_implementation"):  # transformers 5: the per-expert loop
@@ -216,6 +219,22 @@ def main():
     opt = torch.optim.AdamW(groups, lr=a.lr, betas=(a.beta1, a.beta2), eps=a.eps,
                             foreach=False, fused=False)
 
+    # Routing is discontinuous: a token whose k-th and (k+1)-th router logits are closer than
+    # the two implementations' rounding differences could pick another expert in moec. Track
+    # the smallest such margin, so the README can say how far the reference is from that.
+    margins = []
+
+    def router_hook(_mod, _inp, out):
+        logits = (out[0] if isinstance(out, tuple) else out).detach().float()
+        top = torch.topk(logits, cfg.num_experts_per_tok + 1, dim=-1).values
+        margins.append(float((top[..., -2] - top[..., -1]).min()))
+
+    for name, mod in model.named_modules():
+        if re.search(r"\.(mlp|block_sparse_moe)\.gate$", name):
+            mod.register_forward_hook(router_hook)
+    if cfg.num_experts_per_tok >= cfg.num_local_experts:
+        margins.append(float("inf"))
+
     losses, norms, sample, grads = [], [], None, None
     for step in range(1, a.steps + 1):
         opt.zero_grad(set_to_none=True)
@@ -230,6 +249,9 @@ def main():
         losses.append(loss.item())
         norms.append(norm.item())
         print(f"step {step}: loss {losses[-1]:.7f} grad_norm {norms[-1]:.7f}", file=sys.stderr)
+
+    print(f"smallest router logit margin between the k-th and (k+1)-th expert: {min(margins):.3e}",
+          file=sys.stderr)
 
     buf = bytearray(MAGIC)
     buf += struct.pack("<5I", VERSION, B, S, V, a.steps)
