@@ -539,8 +539,8 @@ static sv call_linear(sema *S, ast_expr *e, ast_expr **a) {
     else if (S->in_experts) S->n_exp_lin = 9;
   }
   if (!e->pabs) {
-    add_gemm(S, e->span, "linear", x.i, x.origin);
-    add_gemm(S, e->span, "linear", out, oorg);
+    add_gemm(S, e->span, "linear: the input width", x.i, x.origin);
+    add_gemm(S, e->span, "linear: the output width", out, oorg);
   }
   sv v = x;
   v.i = out;
@@ -600,9 +600,9 @@ static sv call_attention(sema *S, ast_expr *e, ast_expr **a) {
   e->x[0] = theta;
   e->opnd[0] = a[0];
   e->pname = pick_name(S, e, R_ATTN, "self_attn", "attn");
-  add_gemm(S, e->span, "attention", x.i, x.origin);
-  add_gemm(S, e->span, "attention", nh * hd, NULL);
-  add_gemm(S, e->span, "attention", nkv * hd, NULL);
+  add_gemm(S, e->span, "attention: the hidden size", x.i, x.origin);
+  add_gemm(S, e->span, "attention: the q width (heads x head_dim)", nh * hd, NULL);
+  add_gemm(S, e->span, "attention: the k/v width (kv_heads x head_dim)", nkv * hd, NULL);
   if (!S->have_attn) {
     S->have_attn = 1;
     S->cfg.heads = nh;

@@ -76,7 +76,7 @@ struct sema_var {
 
 typedef struct sema_gemm {
   diag_span at;
-  const char *op;
+  const char *op;   /* "linear: the output width" */
   int64_t width;
   const sema_var *origin;
 } sema_gemm;

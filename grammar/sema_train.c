@@ -302,9 +302,8 @@ static void mxfp8_checks(sema *S, diag_span prec_at) {
       if (seen[k] == g->width) dup = 1;
     if (dup) continue;
     if (n_seen < 32) seen[n_seen++] = g->width;
-    if (g->origin) diag_error(S->d, g->at, "%s: %s = %" PRId64 " is not a multiple of the MXFP8 block (%" PRId64 ")", g->op,
-                              g->origin->name, g->width, block);
-    else diag_error(S->d, g->at, "%s: width %" PRId64 " is not a multiple of the MXFP8 block (%" PRId64 ")", g->op, g->width, block);
+    diag_error(S->d, g->at, "%s, %s%s%" PRId64 ", is not a multiple of the MXFP8 block (%" PRId64 ")", g->op,
+               g->origin ? g->origin->name : "", g->origin ? " = " : "", g->width, block);
     sema_note_origin(S, g->origin);
     diag_note(S->d, prec_at, "precision is mxfp8 with block = %" PRId64 " here", block);
   }
