@@ -84,6 +84,16 @@ static inline void check_close(const char *what, const float *got, const double 
          (long long)n, worst, rtol, atol);
 }
 
+/* Accumulation check: `acc` is a gradient buffer after two identical backward calls that
+ * add into it, starting from zero, and `once` its value after the first. */
+static inline void check_accumulates(const char *what, const float *acc, const float *once,
+                                     int64_t n) {
+  double *want = dalloc(n), big = 0.0;
+  for (int64_t i = 0; i < n; i++) want[i] = 2.0 * once[i], big = fmax(big, fabs(2.0 * once[i]));
+  check_close(what, acc, want, n, 1e-6, 1e-6 * big);
+  free(want);
+}
+
 /* Objective of a gradient check: evaluates sum(r ⊙ naive_forward(inputs)) in double. */
 typedef double (*ck_objective)(void *ctx);
 

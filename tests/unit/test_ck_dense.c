@@ -70,17 +70,17 @@ static void test_linear(void) {
     ck_linear_fwd(x, w, bias ? b : NULL, y, T, H, N_OUT);
     naive_linear(&op, fd.in, fd.out);
     check_close(bias ? "linear fwd, bias" : "linear fwd", y, fd.out, T * N_OUT, 1e-5, 1e-6);
-    /* parameter gradients accumulate: start them from known values and subtract */
-    float *dw0 = falloc(H * N_OUT), *db0 = falloc(N_OUT);
-    fill(dw0, H * N_OUT, -1, 1), fill(db0, N_OUT, -1, 1);
-    memcpy(dw, dw0, sizeof(float) * H * N_OUT), memcpy(db, db0, sizeof(float) * N_OUT);
     ck_linear_bwd(x, w, r, dx, dw, bias ? db : NULL, T, H, N_OUT);
-    for (int64_t i = 0; i < H * N_OUT; i++) dw[i] -= dw0[i];
-    for (int64_t i = 0; i < N_OUT; i++) db[i] -= db0[i];
     check_grad("linear bwd dx", fd_objective, &fd, fd.in[0], dx, T * H, 1, 1e-3);
-    check_grad("linear bwd dw (+=)", fd_objective, &fd, fd.in[1], dw, H * N_OUT, 1, 1e-3);
-    if (bias) check_grad("linear bwd db (+=)", fd_objective, &fd, fd.in[2], db, N_OUT, 1, 1e-3);
-    free(x), free(w), free(b), free(y), free(r), free(dx), free(dw), free(db), free(dw0), free(db0);
+    check_grad("linear bwd dw", fd_objective, &fd, fd.in[1], dw, H * N_OUT, 1, 1e-3);
+    if (bias) check_grad("linear bwd db", fd_objective, &fd, fd.in[2], db, N_OUT, 1, 1e-3);
+    /* parameter gradients accumulate: a second call doubles them */
+    float *dw1 = falloc(H * N_OUT), *db1 = falloc(N_OUT);
+    memcpy(dw1, dw, sizeof(float) * H * N_OUT), memcpy(db1, db, sizeof(float) * N_OUT);
+    ck_linear_bwd(x, w, r, NULL, dw, bias ? db : NULL, T, H, N_OUT);
+    check_accumulates("linear bwd dw +=", dw, dw1, H * N_OUT);
+    if (bias) check_accumulates("linear bwd db +=", db, db1, N_OUT);
+    free(x), free(w), free(b), free(y), free(r), free(dx), free(dw), free(db), free(dw1), free(db1);
     free(fd.in[0]), free(fd.in[1]), free(fd.in[2]), free((void *)fd.r), free(fd.out);
   }
 }
@@ -105,12 +105,12 @@ static void test_embedding(void) {
   CHECK(ck_embedding_fwd(table, tok, out, T, V, H) == CK_OK, "embedding fwd rc");
   naive_embedding(&op, fd.in, fd.out);
   check_close("embedding fwd", out, fd.out, T * H, 0, 0);
-  float *dt0 = falloc(V * H);
-  fill(dt0, V * H, -1, 1);
-  memcpy(dt, dt0, sizeof(float) * V * H);
   CHECK(ck_embedding_bwd(tok, r, dt, T, V, H) == CK_OK, "embedding bwd rc");
-  for (int64_t i = 0; i < V * H; i++) dt[i] -= dt0[i];
-  check_grad("embedding bwd dtable (+=)", fd_objective, &fd, fd.in[0], dt, V * H, 1, 1e-3);
+  check_grad("embedding bwd dtable", fd_objective, &fd, fd.in[0], dt, V * H, 1, 1e-3);
+  float *dt0 = falloc(V * H);
+  memcpy(dt0, dt, sizeof(float) * V * H);
+  ck_embedding_bwd(tok, r, dt, T, V, H);
+  check_accumulates("embedding bwd dtable +=", dt, dt0, V * H);
   /* out of range: an error code and no write */
   int32_t bad_hi[T] = {1, 2, V, 0, 0, 0}, bad_lo[T] = {1, -1, 0, 0, 0, 0};
   for (int64_t i = 0; i < T * H; i++) out[i] = 42.0f;
@@ -144,17 +144,18 @@ static void test_rmsnorm(void) {
   rms_op op = {eps};
   float *x = falloc(T * H), *w = falloc(H), *y = falloc(T * H), *r = falloc(T * H);
   float *dx = falloc(T * H), *dw = falloc(H), *dw0 = falloc(H);
-  fill(x, T * H, -2, 2), fill(w, H, 0.5f, 1.5f), fill(r, T * H, -1, 1), fill(dw0, H, -1, 1);
+  fill(x, T * H, -2, 2), fill(w, H, 0.5f, 1.5f), fill(r, T * H, -1, 1);
   ck_fd fd = {naive_rmsnorm, &op, {to_double(x, T * H), to_double(w, H)}, to_double(r, T * H),
               dalloc(T * H), T * H};
   ck_rmsnorm_fwd(x, w, y, T, H, eps);
   naive_rmsnorm(&op, fd.in, fd.out);
   check_close("rmsnorm fwd", y, fd.out, T * H, 1e-6, 1e-7);
-  memcpy(dw, dw0, sizeof(float) * H);
   ck_rmsnorm_bwd(x, w, r, dx, dw, T, H, eps);
-  for (int64_t i = 0; i < H; i++) dw[i] -= dw0[i];
   check_grad("rmsnorm bwd dx", fd_objective, &fd, fd.in[0], dx, T * H, 1, 1e-3);
-  check_grad("rmsnorm bwd dw (+=)", fd_objective, &fd, fd.in[1], dw, H, 1, 1e-3);
+  check_grad("rmsnorm bwd dw", fd_objective, &fd, fd.in[1], dw, H, 1, 1e-3);
+  memcpy(dw0, dw, sizeof(float) * H);
+  ck_rmsnorm_bwd(x, w, r, dx, dw, T, H, eps);
+  check_accumulates("rmsnorm bwd dw +=", dw, dw0, H);
   /* in place: y aliasing x, dx aliasing dy */
   float *xy = falloc(T * H), *g = falloc(T * H);
   memcpy(xy, x, sizeof(float) * T * H), memcpy(g, r, sizeof(float) * T * H);
