@@ -117,6 +117,7 @@ static void test_router_losses(void) {
 
   /* scalar losses: L = r0 * loss with a random r0, dloss = r0 */
   double r0 = 0.7;
+  free((void *)fd.r);
   fd.r = &r0, fd.n_out = 1;
   fd.fwd = naive_aux_loss;
   CHECK(ck_aux_loss_fwd(logits, idx, &loss, T, E, K, (float)op.coef) == CK_OK, "aux fwd rc");
