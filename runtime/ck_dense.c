@@ -172,8 +172,7 @@ void ck_softmax_rows(const float *x, float *y, int64_t T, int64_t E) {
       yr[e] = expf(xr[e] - mx);
       sum += yr[e];
     }
-    float inv = (float)(1.0 / sum);
-    for (int64_t e = 0; e < E; e++) yr[e] *= inv;
+    for (int64_t e = 0; e < E; e++) yr[e] = (float)(yr[e] / sum);
   }
 }
 

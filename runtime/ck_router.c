@@ -227,7 +227,8 @@ int ck_combine_fwd(const int32_t *idx, const float *w, const float *const *y, fl
     memset(o, 0, (size_t)H * sizeof(float));
     for (int64_t j = 0; j < k; j++) {
       int32_t e = idx[t * k + j];
-      const float *ye = y[e] + row[e]++ * H, wt = w[t * k + j];
+      const float *ye = y[e] + row[e]++ * H;
+      const float wt = w[t * k + j];
       for (int64_t i = 0; i < H; i++) o[i] += wt * ye[i];
     }
   }
@@ -245,7 +246,8 @@ int ck_combine_bwd(const int32_t *idx, const float *w, const float *const *y, co
     for (int64_t j = 0; j < k; j++) {
       int32_t e = idx[t * k + j];
       int64_t r = row[e]++;
-      const float *ye = y[e] + r * H, wt = w[t * k + j];
+      const float *ye = y[e] + r * H;
+      const float wt = w[t * k + j];
       float *dye = dy[e] + r * H;
       double d = 0.0;
       for (int64_t i = 0; i < H; i++) {

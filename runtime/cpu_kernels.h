@@ -49,7 +49,8 @@ void ck_linear_fwd(const float *x, /* (n, in) */
                    const float *b, /* (out) or NULL */
                    float *y,       /* (n, out) */
                    int64_t n, int64_t in, int64_t out);
-/* dx = dy·W^T; dw += x^T·dy; db += column sums of dy. Any of dx, dw, db may be NULL. */
+/* dx = dy·W^T; dw += x^T·dy; db += column sums of dy. Any of dx, dw, db may be NULL; x is
+ * read only for dw and w only for dx, so either may be NULL when that gradient is. */
 void ck_linear_bwd(const float *x,  /* (n, in) */
                    const float *w,  /* (in, out) */
                    const float *dy, /* (n, out) */
@@ -82,12 +83,12 @@ void ck_rmsnorm_bwd(const float *x,  /* (T, H) */
                     float *dw,       /* (H) +=; may be NULL */
                     int64_t T, int64_t H, float eps);
 
-/* Elementwise over n values. y may alias an input, dx/da/db may alias dy. */
+/* Elementwise over n values; every pointer is (n). Outputs may alias inputs (y = a, dx = dy). */
 void ck_silu_fwd(const float *x, float *y, int64_t n);                  /* y = x·sigmoid(x) */
 void ck_silu_bwd(const float *x, const float *dy, float *dx, int64_t n);
 void ck_mul_fwd(const float *a, const float *b, float *y, int64_t n);   /* y = a·b */
-void ck_mul_bwd(const float *a, const float *b, const float *dy,        /* da, db may be NULL */
-                float *da, float *db, int64_t n);
+void ck_mul_bwd(const float *a, const float *b, const float *dy,
+                float *da, float *db, int64_t n);                       /* da, db may be NULL */
 void ck_add_fwd(const float *a, const float *b, float *y, int64_t n);   /* y = a + b */
 void ck_add_bwd(const float *dy, float *da, float *db, int64_t n);      /* da = db = dy */
 

@@ -28,15 +28,15 @@
 
 static int ck_failures = 0, ck_checks = 0;
 
-#define CHECK(cond, ...)                                                              \
-  do {                                                                                \
-    ck_checks++;                                                                      \
-    if (!(cond)) {                                                                    \
-      ck_failures++;                                                                  \
-      printf("FAIL %s:%d: ", __FILE__, __LINE__);                                     \
-      printf(__VA_ARGS__);                                                            \
-      printf("\n");                                                                   \
-    }                                                                                 \
+#define CHECK(cond, ...)                                                                           \
+  do {                                                                                             \
+    ck_checks++;                                                                                   \
+    if (!(cond)) {                                                                                 \
+      ck_failures++;                                                                               \
+      printf("FAIL %s:%d: ", __FILE__, __LINE__);                                                  \
+      printf(__VA_ARGS__);                                                                         \
+      printf("\n");                                                                                \
+    }                                                                                              \
   } while (0)
 
 /* splitmix64: deterministic across platforms */
@@ -67,9 +67,8 @@ static inline double *to_double(const float *x, int64_t n) {
 }
 
 /* Forward check: |got - want| <= atol + rtol |want| elementwise. Prints one line. */
-static inline void check_close(const char *what, const float *got, const double *want,
-                               int64_t n,
-                        double rtol, double atol) {
+static inline void check_close(const char *what, const float *got, const double *want, int64_t n,
+                               double rtol, double atol) {
   double worst = 0.0;
   int64_t bad = -1;
   for (int64_t i = 0; i < n; i++) {
@@ -80,8 +79,8 @@ static inline void check_close(const char *what, const float *got, const double 
   }
   CHECK(bad < 0, "%s: element %lld got %.9g want %.9g", what, (long long)bad,
         bad >= 0 ? got[bad] : 0.0, bad >= 0 ? want[bad] : 0.0);
-  printf("  %-44s %6lld values, worst err/tol %.2e (rtol %.0e, atol %.0e)\n", what,
-         (long long)n, worst, rtol, atol);
+  printf("  %-44s %6lld values, worst err/tol %.2e (rtol %.0e, atol %.0e)\n", what, (long long)n,
+         worst, rtol, atol);
 }
 
 /* Accumulation check: `acc` is a gradient buffer after two identical backward calls that
@@ -99,8 +98,8 @@ typedef double (*ck_objective)(void *ctx);
 
 /* Central-difference check of the analytic gradient g (n values) of x, the double input that
  * the objective reads through ctx. Checks every `stride`-th element (1 = all). */
-static inline void check_grad(const char *what, ck_objective f, void *ctx, double *x, const float *g,
-                       int64_t n, int64_t stride, double tol) {
+static inline void check_grad(const char *what, ck_objective f, void *ctx, double *x,
+                              const float *g, int64_t n, int64_t stride, double tol) {
   int64_t m = (n + stride - 1) / stride;
   double *num = dalloc(m), big = 0.0;
   for (int64_t c = 0; c < m; c++) {
@@ -126,8 +125,8 @@ static inline void check_grad(const char *what, ck_objective f, void *ctx, doubl
   CHECK(bad < 0, "%s: element %lld analytic %.9g numeric %.9g", what, (long long)bad,
         bad >= 0 ? g[bad] : 0.0, bad >= 0 ? num[bad / stride] : 0.0);
   CHECK(big > 0.0, "%s: numeric gradient is identically zero", what);
-  printf("  %-44s %6lld of %6lld checked, worst rel err %.2e (tol %.0e)\n", what,
-         (long long)m, (long long)n, worst, tol);
+  printf("  %-44s %6lld of %6lld checked, worst rel err %.2e (tol %.0e)\n", what, (long long)m,
+         (long long)n, worst, tol);
   free(num);
 }
 

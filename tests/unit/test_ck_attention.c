@@ -4,7 +4,10 @@
 
 /* ---- rope ---- */
 
-typedef struct { int64_t T, nh, hd, seq; double theta; } rope_op;
+typedef struct {
+  int64_t T, nh, hd, seq;
+  double theta;
+} rope_op;
 static void naive_rope(const void *p, double *const *in, double *out) {
   const rope_op *o = p;
   int64_t half = o->hd / 2;
@@ -41,7 +44,7 @@ static void test_rope_case(rope_op op, int grad) {
 }
 
 static void test_rope(void) {
-  test_rope_case((rope_op){6, 3, 4, 3, 1e4}, 1);       /* two sequences of 3 */
+  test_rope_case((rope_op){6, 3, 4, 3, 1e4}, 1); /* two sequences of 3 */
   test_rope_case((rope_op){6, 2, 8, 6, 5e5}, 1);
   test_rope_case((rope_op){8192, 1, 8, 8192, 5e7}, 0); /* angles up to 8191 rad */
   float x[6] = {1, 2, 3, 4, 5, 6};
@@ -51,7 +54,10 @@ static void test_rope(void) {
 
 /* ---- attention ---- */
 
-typedef struct { int64_t B, seq, nh, nkv, hd; int causal; } att_op;
+typedef struct {
+  int64_t B, seq, nh, nkv, hd;
+  int causal;
+} att_op;
 /* out (B*seq, nh*hd); also the logsumexp into lse when it is not NULL */
 static void naive_attention_lse(const att_op *o, double *const *in, double *out, double *lse) {
   const int64_t group = o->nh / o->nkv, ldq = o->nh * o->hd, ldk = o->nkv * o->hd;
@@ -93,7 +99,7 @@ static void test_attention_case(att_op op, int64_t max_checks) {
   float *q = falloc(nq), *k = falloc(nk), *v = falloc(nk), *out = falloc(nq), *r = falloc(nq);
   float *lse = falloc(op.B * op.nh * op.seq), *dq = falloc(nq), *dk = falloc(nk), *dv = falloc(nk);
   fill(q, nq, -1.5f, 1.5f), fill(k, nk, -1.5f, 1.5f), fill(v, nk, -1, 1), fill(r, nq, -1, 1);
-  ck_fd fd = {naive_attention, &op, {to_double(q, nq), to_double(k, nk), to_double(v, nk)},
+  ck_fd fd = {naive_attention,  &op,        {to_double(q, nq), to_double(k, nk), to_double(v, nk)},
               to_double(r, nq), dalloc(nq), nq};
   double *wl = dalloc(op.B * op.nh * op.seq);
   CHECK(ck_attention_fwd(q, k, v, out, lse, op.B, op.seq, op.nh, op.nkv, op.hd, op.causal) == CK_OK,
@@ -105,9 +111,12 @@ static void test_attention_case(att_op op, int64_t max_checks) {
   CHECK(ck_attention_bwd(q, k, v, out, lse, r, dq, dk, dv, op.B, op.seq, op.nh, op.nkv, op.hd,
                          op.causal) == CK_OK,
         "attention bwd rc");
-  check_grad("attention bwd dq", fd_objective, &fd, fd.in[0], dq, nq, (nq + max_checks - 1) / max_checks, 1e-3);
-  check_grad("attention bwd dk", fd_objective, &fd, fd.in[1], dk, nk, (nk + max_checks - 1) / max_checks, 1e-3);
-  check_grad("attention bwd dv", fd_objective, &fd, fd.in[2], dv, nk, (nk + max_checks - 1) / max_checks, 1e-3);
+  check_grad("attention bwd dq", fd_objective, &fd, fd.in[0], dq, nq,
+             (nq + max_checks - 1) / max_checks, 1e-3);
+  check_grad("attention bwd dk", fd_objective, &fd, fd.in[1], dk, nk,
+             (nk + max_checks - 1) / max_checks, 1e-3);
+  check_grad("attention bwd dv", fd_objective, &fd, fd.in[2], dv, nk,
+             (nk + max_checks - 1) / max_checks, 1e-3);
   free(q), free(k), free(v), free(out), free(r), free(lse), free(dq), free(dk), free(dv), free(wl);
   free(fd.in[0]), free(fd.in[1]), free(fd.in[2]), free((void *)fd.r), free(fd.out);
 }

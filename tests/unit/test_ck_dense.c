@@ -47,7 +47,10 @@ static void test_matmul(void) {
 
 /* ---- linear ---- */
 
-typedef struct { int64_t n, in, out; int bias; } linear_op;
+typedef struct {
+  int64_t n, in, out;
+  int bias;
+} linear_op;
 static void naive_linear(const void *p, double *const *in, double *out) {
   const linear_op *o = p;
   for (int64_t r = 0; r < o->n; r++)
@@ -64,9 +67,14 @@ static void test_linear(void) {
     linear_op op = {T, H, N_OUT, bias};
     float *x = falloc(T * H), *w = falloc(H * N_OUT), *b = falloc(N_OUT), *y = falloc(T * N_OUT);
     float *r = falloc(T * N_OUT), *dx = falloc(T * H), *dw = falloc(H * N_OUT), *db = falloc(N_OUT);
-    fill(x, T * H, -1, 1), fill(w, H * N_OUT, -1, 1), fill(b, N_OUT, -1, 1), fill(r, T * N_OUT, -1, 1);
-    ck_fd fd = {naive_linear, &op, {to_double(x, T * H), to_double(w, H * N_OUT), to_double(b, N_OUT)},
-                to_double(r, T * N_OUT), dalloc(T * N_OUT), T * N_OUT};
+    fill(x, T * H, -1, 1), fill(w, H * N_OUT, -1, 1), fill(b, N_OUT, -1, 1),
+        fill(r, T * N_OUT, -1, 1);
+    ck_fd fd = {naive_linear,
+                &op,
+                {to_double(x, T * H), to_double(w, H * N_OUT), to_double(b, N_OUT)},
+                to_double(r, T * N_OUT),
+                dalloc(T * N_OUT),
+                T * N_OUT};
     ck_linear_fwd(x, w, bias ? b : NULL, y, T, H, N_OUT);
     naive_linear(&op, fd.in, fd.out);
     check_close(bias ? "linear fwd, bias" : "linear fwd", y, fd.out, T * N_OUT, 1e-5, 1e-6);
@@ -87,7 +95,9 @@ static void test_linear(void) {
 
 /* ---- embedding ---- */
 
-typedef struct { const int32_t *tok; } emb_op;
+typedef struct {
+  const int32_t *tok;
+} emb_op;
 static void naive_embedding(const void *p, double *const *in, double *out) {
   const emb_op *o = p;
   for (int64_t t = 0; t < T; t++)
@@ -100,8 +110,8 @@ static void test_embedding(void) {
   emb_op op = {tok};
   float *table = falloc(V * H), *out = falloc(T * H), *r = falloc(T * H), *dt = falloc(V * H);
   fill(table, V * H, -1, 1), fill(r, T * H, -1, 1);
-  ck_fd fd = {naive_embedding, &op, {to_double(table, V * H)}, to_double(r, T * H), dalloc(T * H),
-              T * H};
+  ck_fd fd = {naive_embedding,     &op,           {to_double(table, V * H)},
+              to_double(r, T * H), dalloc(T * H), T * H};
   CHECK(ck_embedding_fwd(table, tok, out, T, V, H) == CK_OK, "embedding fwd rc");
   naive_embedding(&op, fd.in, fd.out);
   check_close("embedding fwd", out, fd.out, T * H, 0, 0);
@@ -122,12 +132,15 @@ static void test_embedding(void) {
   for (int64_t i = 0; i < T * H; i++) untouched &= out[i] == 42.0f;
   CHECK(untouched, "a failed embedding call must not write");
   printf("  tokens V and -1 return CK_EINDEX (%s) and write nothing\n", ck_strerror(CK_EINDEX));
-  free(table), free(out), free(r), free(dt), free(dt0), free(fd.in[0]), free((void *)fd.r), free(fd.out);
+  free(table), free(out), free(r), free(dt), free(dt0), free(fd.in[0]), free((void *)fd.r),
+      free(fd.out);
 }
 
 /* ---- rmsnorm ---- */
 
-typedef struct { double eps; } rms_op;
+typedef struct {
+  double eps;
+} rms_op;
 static void naive_rmsnorm(const void *p, double *const *in, double *out) {
   const rms_op *o = p;
   for (int64_t t = 0; t < T; t++) {
@@ -145,8 +158,8 @@ static void test_rmsnorm(void) {
   float *x = falloc(T * H), *w = falloc(H), *y = falloc(T * H), *r = falloc(T * H);
   float *dx = falloc(T * H), *dw = falloc(H), *dw0 = falloc(H);
   fill(x, T * H, -2, 2), fill(w, H, 0.5f, 1.5f), fill(r, T * H, -1, 1);
-  ck_fd fd = {naive_rmsnorm, &op, {to_double(x, T * H), to_double(w, H)}, to_double(r, T * H),
-              dalloc(T * H), T * H};
+  ck_fd fd = {naive_rmsnorm,       &op,           {to_double(x, T * H), to_double(w, H)},
+              to_double(r, T * H), dalloc(T * H), T * H};
   ck_rmsnorm_fwd(x, w, y, T, H, eps);
   naive_rmsnorm(&op, fd.in, fd.out);
   check_close("rmsnorm fwd", y, fd.out, T * H, 1e-6, 1e-7);
@@ -190,7 +203,8 @@ static void test_elementwise(void) {
   float *da = falloc(NE), *db = falloc(NE);
   fill(a, NE, -6, 6), fill(b, NE, -2, 2), fill(r, NE, -1, 1);
   a[0] = 30.0f, a[1] = -30.0f, a[2] = 90.0f, a[3] = -90.0f; /* saturated sigmoid, no inf/NaN */
-  ck_fd fd = {naive_silu, NULL, {to_double(a, NE), to_double(b, NE)}, to_double(r, NE), dalloc(NE), NE};
+  ck_fd fd = {naive_silu,       NULL,       {to_double(a, NE), to_double(b, NE)},
+              to_double(r, NE), dalloc(NE), NE};
 
   ck_silu_fwd(a, y, NE);
   naive_silu(NULL, fd.in, fd.out);

@@ -2,7 +2,10 @@
  * finite differences; masked labels, no unmasked rows, bad labels. */
 #include "ck_test.h"
 
-typedef struct { int64_t T, V; const int32_t *labels; } ce_op;
+typedef struct {
+  int64_t T, V;
+  const int32_t *labels;
+} ce_op;
 static void naive_ce(const void *p, double *const *in, double *out) {
   const ce_op *o = p;
   double s = 0.0;
@@ -52,7 +55,8 @@ static void test_case(int64_t T, int64_t V, const int32_t *labels, float shift) 
 int main(void) {
   double t0 = ck_now();
   printf("test_ck_loss: forward vs a naive double loop; backward vs central differences of it\n"
-         "(step %g, relative to max(|numeric|, %g * max|numeric|))\n", FD_H, FD_FLOOR);
+         "(step %g, relative to max(|numeric|, %g * max|numeric|))\n",
+         FD_H, FD_FLOOR);
   enum { T = 6, V = 11 };
   int32_t labels[T] = {3, -1, 0, 10, -1, 7};
   test_case(T, V, labels, 0.0f);

@@ -32,7 +32,10 @@ static float naive_bf16(float x) {
 
 static void test_bf16(void) {
   printf("bf16 rounding (ties to even):\n");
-  struct { float in, want; const char *what; } known[] = {
+  struct {
+    float in, want;
+    const char *what;
+  } known[] = {
       {1.0f, 1.0f, "1"},
       {1.0f + 0x1p-8f, 1.0f, "1 + 2^-8 (tie) -> 1"},
       {1.0f + 3 * 0x1p-8f, 1.0f + 0x1p-6f, "1 + 3*2^-8 (tie) -> 1 + 2^-6"},
@@ -72,7 +75,8 @@ static void test_bf16(void) {
     if (f_bits(y) != f_bits(naive_bf16(x)) || f_bits(ck_bf16_to_float(b)) != f_bits(y)) bad++;
   }
   CHECK(bad == 0, "bf16: %d of 1e6 random bit patterns differ from the brute-force reference", bad);
-  printf("  1e6 random fp32 bit patterns against the nearest-neighbour reference: %d differ\n", bad);
+  printf("  1e6 random fp32 bit patterns against the nearest-neighbour reference: %d differ\n",
+         bad);
 }
 
 /* ---- E4M3 ---- */
@@ -113,7 +117,11 @@ static void test_e4m3(void) {
   }
   CHECK(bad == 0, "E4M3: %d codes fail decode or round trip", bad);
   printf("  all 256 codes against the OCP table, decode and round trip: %d failures\n", bad);
-  struct { float in; uint8_t want; const char *what; } known[] = {
+  struct {
+    float in;
+    uint8_t want;
+    const char *what;
+  } known[] = {
       {448.0f, 0x7E, "448 (max)"},
       {-448.0f, 0xFE, "-448"},
       {464.0f, 0x7E, "464 (tie with the missing 480) -> 448"},
@@ -133,7 +141,8 @@ static void test_e4m3(void) {
   };
   for (size_t i = 0; i < sizeof known / sizeof known[0]; i++) {
     uint8_t got = ck_float_to_e4m3(known[i].in);
-    CHECK(got == known[i].want, "e4m3 %s: got 0x%02x want 0x%02x", known[i].what, got, known[i].want);
+    CHECK(got == known[i].want, "e4m3 %s: got 0x%02x want 0x%02x", known[i].what, got,
+          known[i].want);
     printf("  %-40s 0x%02x\n", known[i].what, got);
   }
   bad = 0;
@@ -142,7 +151,8 @@ static void test_e4m3(void) {
     if (ck_float_to_e4m3(x) != naive_to_e4m3(x)) bad++;
   }
   CHECK(bad == 0, "e4m3: %d of 2e5 random values differ from the nearest-code search", bad);
-  printf("  2e5 random values, |x| in 2^-14..2^10, against the nearest-code search: %d differ\n", bad);
+  printf("  2e5 random values, |x| in 2^-14..2^10, against the nearest-code search: %d differ\n",
+         bad);
 }
 
 /* ---- MXFP8 ---- */
@@ -199,13 +209,15 @@ static void test_mxfp8_known(void) {
   ck_mxfp8_quantize(x, 1, C, C, 0, q, &sc);
   CHECK(sc == 127 && q[7] == 0x7E && q[3] == 0x02 && q[4] == 0x00 && q[5] == 0x81,
         "amax exactly 448: scale 2^0, 448 -> 0x7e, subnormals 2^-8 -> 0x02, 2^-10 -> 0, "
-        "-3*2^-11 -> 0x81 (got scale %02x, %02x %02x %02x %02x)", sc, q[7], q[3], q[4], q[5]);
+        "-3*2^-11 -> 0x81 (got scale %02x, %02x %02x %02x %02x)",
+        sc, q[7], q[3], q[4], q[5]);
   show_block("amax = 448, subnormal elements", x + 3, 5, q + 3, sc);
 
   x[7] = 449.0f, x[8] = -448.0f, x[9] = 224.5f;
   ck_mxfp8_quantize(x, 1, C, C, 0, q, &sc);
   CHECK(sc == 128 && q[7] == 0x76 && q[8] == 0xF6 && q[9] == 0x6E,
-        "amax 449: scale 2^1, 449 -> 224 (0x76), -448 -> -224, 224.5 -> 112 (0x6e) (got %02x %02x %02x %02x)",
+        "amax 449: scale 2^1, 449 -> 224 (0x76), -448 -> -224, 224.5 -> 112 (0x6e) (got %02x %02x "
+        "%02x %02x)",
         sc, q[7], q[8], q[9]);
   show_block("amax just above 448", x + 7, 3, q + 7, sc);
 
@@ -263,7 +275,8 @@ static void test_mxfp8_random(int share) {
   int nq = 0, ns = 0;
   for (int64_t i = 0; i < R * C; i++) nq += q[i] != qn[i];
   for (int64_t i = 0; i < R * C / B; i++) ns += sc[i] != sn[i];
-  CHECK(nq == 0 && ns == 0, "MXFP8: %d codes and %d scales differ from the search reference", nq, ns);
+  CHECK(nq == 0 && ns == 0, "MXFP8: %d codes and %d scales differ from the search reference", nq,
+        ns);
   printf("  against the reference (scale and nearest code by search): %d codes, %d scales differ\n",
          nq, ns);
   if (share) {
@@ -291,15 +304,17 @@ static void test_mxfp8_random(int share) {
       worst_amax = fmax(worst_amax, err / amax);
     }
   CHECK(viol == 0, "%d elements exceed max(2^-4 |x|, 2^(s-10))", viol);
-  printf("  round trip: |deq - x| <= max(2^-4 |x|, 2^(s-10)) for all %d values; worst relative\n"
-         "  error in the normal range %.4f (bound 0.0625), worst error / amax %.4f (bound 0.0625)\n",
-         R * C, worst_rel, worst_amax);
+  printf(
+      "  round trip: |deq - x| <= max(2^-4 |x|, 2^(s-10)) for all %d values; worst relative\n"
+      "  error in the normal range %.4f (bound 0.0625), worst error / amax %.4f (bound 0.0625)\n",
+      R * C, worst_rel, worst_amax);
   free(x), free(y), free(q), free(sc), free(qn), free(sn);
 }
 
 int main(void) {
   double t0 = ck_now();
-  printf("test_ck_numerics: bf16, E4M3 and MXFP8 against known values and brute-force references\n");
+  printf(
+      "test_ck_numerics: bf16, E4M3 and MXFP8 against known values and brute-force references\n");
   test_bf16();
   test_e4m3();
   test_mxfp8_known();

@@ -61,15 +61,18 @@ static void test_schedule(void) {
   const char *names[3] = {"cosine", "linear", "constant"};
   for (int s = 0; s < 3; s++) {
     double a = ck_lr_at(1, 1000, 100, lr, mn, all[s]), b = ck_lr_at(100, 1000, 100, lr, mn, all[s]);
-    double mid = ck_lr_at(550, 1000, 100, lr, mn, all[s]), end = ck_lr_at(1000, 1000, 100, lr, mn, all[s]);
+    double mid = ck_lr_at(550, 1000, 100, lr, mn, all[s]),
+           end = ck_lr_at(1000, 1000, 100, lr, mn, all[s]);
     double after = ck_lr_at(1200, 1000, 100, lr, mn, all[s]);
     double want_mid = all[s] == SCHED_CONSTANT ? lr : (lr + mn) / 2; /* half way: cos(pi/2) = 0 */
     double want_end = all[s] == SCHED_CONSTANT ? lr : mn;
     CHECK(fabs(a - lr / 100) < 1e-18 && fabs(b - lr) < 1e-18, "%s warmup", names[s]);
-    CHECK(fabs(mid - want_mid) < 1e-15 && fabs(end - want_end) < 1e-18 && fabs(after - want_end) < 1e-18,
+    CHECK(fabs(mid - want_mid) < 1e-15 && fabs(end - want_end) < 1e-18 &&
+              fabs(after - want_end) < 1e-18,
           "%s decay: mid %g end %g after %g", names[s], mid, end, after);
-    printf("  %-8s step 1 %.3g (lr/warmup), step 100 %.3g, step 550 %.4g, step 1000 %.3g, 1200 %.3g\n",
-           names[s], a, b, mid, end, after);
+    printf(
+        "  %-8s step 1 %.3g (lr/warmup), step 100 %.3g, step 550 %.4g, step 1000 %.3g, 1200 %.3g\n",
+        names[s], a, b, mid, end, after);
   }
   /* cosine at a quarter of the decay: min + (lr - min) (1 + cos(pi/4)) / 2 */
   double q = ck_lr_at(325, 1000, 100, lr, mn, SCHED_COSINE);
@@ -95,7 +98,8 @@ static void test_clip(void) {
   CHECK(c1 == 1.0f / (2.0f + 1e-6f), "clip coef at norm 2: %.9g", c1);
   CHECK(c2 == 1.0f && isnan(c3), "clip coef: %g %g", c2, c3);
   printf("  norm over 3 buffers %.6f (= naive); coef(norm 2, clip 1) = %.9g, coef(0.5) = %g, "
-         "coef(NaN) = %g\n", norm, c1, c2, c3);
+         "coef(NaN) = %g\n",
+         norm, c1, c2, c3);
 }
 
 int main(void) {
