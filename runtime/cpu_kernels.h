@@ -92,7 +92,8 @@ void ck_mul_bwd(const float *a, const float *b, const float *dy,
 void ck_add_fwd(const float *a, const float *b, float *y, int64_t n);   /* y = a + b */
 void ck_add_bwd(const float *dy, float *da, float *db, int64_t n);      /* da = db = dy */
 
-/* Row softmax and logsumexp (max-subtracted, sums in double). */
+/* Row softmax and logsumexp (max-subtracted, sums in double); the router and the loss use
+ * them. */
 void ck_softmax_rows(const float *x, /* (T, E) */
                      float *y,       /* (T, E); may alias x */
                      int64_t T, int64_t E);
@@ -149,7 +150,8 @@ int ck_route_weights_fwd(const float *logits, /* (T, E) */
                          const int32_t *idx,  /* (T, k) */
                          float *w,            /* (T, k) */
                          int64_t T, int64_t E, int64_t k);
-/* dlogits written (zero outside the selected experts, where the exact gradient is 0). */
+/* dlogits written (zero outside the selected experts, where the exact gradient is 0). The
+ * aux and z losses then add their gradients into the same dlogits: call this one first. */
 int ck_route_weights_bwd(const float *logits, /* (T, E) */
                          const int32_t *idx,  /* (T, k) */
                          const float *dw,     /* (T, k) */
@@ -231,10 +233,10 @@ int ck_cross_entropy_bwd(const float *logits,   /* (T, V) */
 
 /* ================================ ck_optim.c ================================ */
 
-/* One torch.optim.AdamW step (single-tensor path, same operation order) on n fp32 master
- * weights; step counts from 1. The gradient used is fl(g * grad_scale), exactly what
- * clip_grad_norm_ leaves in .grad before the step (pass 1 for no clipping). wd = 0 for
- * weights that take no decay (norms). */
+/* One torch.optim.AdamW step on n fp32 master weights, step counting from 1: the same
+ * operations as torch's single-tensor path, bit-identical to torch 2.11 on CPU (ck_optim.c).
+ * The gradient used is fl(g * grad_scale), exactly what clip_grad_norm_ leaves in .grad
+ * before the step (pass 1 for no clipping). wd = 0 for weights without decay (norms). */
 void ck_adamw_step(float *p,       /* (n) */
                    const float *g, /* (n) */
                    float *m,       /* (n) first moment */
