@@ -43,6 +43,17 @@ void ck_matmul(const float *A, /* (m, k), or (k, m) when trans_a */
                float *C,       /* (m, n) */
                int64_t m, int64_t k, int64_t n, int trans_a, int trans_b, float beta);
 
+/* The same with explicit leading dimensions and alpha (e.g. one head's columns of q).
+ * Sizes and leading dimensions must fit a BLAS int: a larger one aborts with a message. */
+void ck_gemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+             const float *A, int64_t lda, /* (m, k) or (k, m), row stride lda */
+             const float *B, int64_t ldb, /* (k, n) or (n, k), row stride ldb */
+             float beta, float *C, int64_t ldc /* (m, n), row stride ldc */);
+
+/* 1 if every id is in [0, limit), else 0. */
+int ck_ids_ok(const int32_t *ids, /* (n) */
+              int64_t n, int64_t limit);
+
 /* Linear layer, weight stored [in, out]: y = x·W (+ b). */
 void ck_linear_fwd(const float *x, /* (n, in) */
                    const float *w, /* (in, out) */

@@ -34,6 +34,24 @@ static void test_matmul(void) {
         snprintf(what, sizeof what, "matmul trans_a=%d trans_b=%d beta=%g", ta, tb, beta);
         check_close(what, C, want, m * n, 1e-5, 1e-6);
       }
+  /* ck_gemm on a strided block: alpha 0.5, A^T read from a wider buffer, C written into
+   * columns 0..n-1 of rows of stride n + 3 (the other columns must stay untouched) */
+  {
+    const int64_t lda = m + 2, ldc = n + 3;
+    float *Aw = falloc(k * lda), *Cw = falloc(m * ldc);
+    double *wantw = dalloc(m * ldc);
+    fill(Aw, k * lda, -1, 1), fill(Cw, m * ldc, -1, 1);
+    for (int64_t i = 0; i < m * ldc; i++) wantw[i] = Cw[i];
+    for (int64_t i = 0; i < m; i++)
+      for (int64_t j = 0; j < n; j++) {
+        double s = 0.0;
+        for (int64_t p = 0; p < k; p++) s += (double)Aw[p * lda + i] * B[p * n + j];
+        wantw[i * ldc + j] = 0.5 * s + 0.25 * Cw[i * ldc + j];
+      }
+    ck_gemm(1, 0, m, n, k, 0.5f, Aw, lda, B, n, 0.25f, Cw, ldc);
+    check_close("gemm strided (lda, ldc), alpha 0.5", Cw, wantw, m * ldc, 1e-5, 1e-6);
+    free(Aw), free(Cw), free(wantw);
+  }
   /* empty sizes: an expert with no tokens gives m = 0; k = 0 is an empty sum */
   ck_matmul(A, B, C, 0, k, n, 0, 0, 0.0f);
   for (int64_t i = 0; i < m * n; i++) C[i] = 2.0f;
