@@ -4,8 +4,8 @@
  *
  * Gradient checks. The objective is L = sum(r ⊙ out) for a random r; the kernel's backward,
  * fed dout = r, gives the analytic gradient. The numeric one is a central difference of the
- * test's naive forward evaluated in DOUBLE, with step FD_H: truncation error ~FD_H^2, rounding
- * ~1e-16/FD_H, both far below the float kernel's own rounding. An element passes when
+ * test's naive forward evaluated in DOUBLE, with step h = FD_H * max(1, |x|): truncation error
+ * ~h^2, rounding ~1e-16/h, both far below the float kernel's own rounding. An element passes when
  *   |analytic - numeric| <= tol * max(|numeric|, FD_FLOOR * max_i |numeric_i|),
  * i.e. a relative error, except that gradients tiny next to the largest one of the same
  * tensor are judged against FD_FLOOR of that largest one (there the float kernel's absolute
