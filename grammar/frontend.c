@@ -25,6 +25,8 @@ typedef struct {
   char *stack[FE_MAX_INCLUDE_DEPTH + 2]; /* real paths of the files being read, outermost first */
   const char *shown[FE_MAX_INCLUDE_DEPTH + 2];
   int depth;
+  const moec_sources *from; /* read files from memory instead of the disk */
+  moec_sources *record;     /* every file read, when not NULL */
 } frontend;
 
 /* Reads a whole file; -1 with errno set on failure. */
@@ -87,6 +89,64 @@ static int read_all(const char *path, char **text, size_t *len) {
   return 0;
 }
 
+void moec_sources_free(moec_sources *s) {
+  for (int i = 0; i < s->n; i++) {
+    free(s->v[i].path);
+    free(s->v[i].text);
+  }
+  free(s->v);
+  memset(s, 0, sizeof *s);
+}
+
+int moec_sources_add(moec_sources *s, const char *path, const char *text, size_t len) {
+  if (s->n == s->cap) {
+    int cap = s->cap ? 2 * s->cap : 8;
+    moec_source *v = realloc(s->v, (size_t)cap * sizeof *v);
+    if (!v) return -1;
+    s->v = v;
+    s->cap = cap;
+  }
+  moec_source *e = &s->v[s->n];
+  e->path = strdup(path);
+  e->text = malloc(len + 1);
+  if (!e->path || !e->text) {
+    free(e->path);
+    free(e->text);
+    return -1;
+  }
+  memcpy(e->text, text, len);
+  e->text[len] = 0;
+  e->len = len;
+  s->n++;
+  return 0;
+}
+
+/* Reads a file from the in-memory sources or the disk, recording it if asked. */
+static int read_source(frontend *fe, const char *path, char **text, size_t *len) {
+  if (fe->from) {
+    const moec_source *hit = NULL;
+    for (int i = 0; i < fe->from->n && !hit; i++)
+      if (strcmp(fe->from->v[i].path, path) == 0) hit = &fe->from->v[i];
+    if (!hit || !(*text = malloc(hit->len + 1))) {
+      errno = hit ? ENOMEM : ENOENT;
+      return -1;
+    }
+    memcpy(*text, hit->text, hit->len + 1);
+    *len = hit->len;
+  } else if (read_all(path, text, len) != 0) {
+    return -1;
+  }
+  if (fe->record && moec_sources_add(fe->record, path, *text, *len) != 0) {
+    free(*text);
+    errno = ENOMEM;
+    return -1;
+  }
+  return 0;
+}
+
+/* The identity of a file for include-cycle checks: its real path (its name in memory). */
+static char *file_identity(frontend *fe, const char *path) { return fe->from ? strdup(path) : realpath(path, NULL); }
+
 /* NUL bytes and invalid UTF-8 are reported with their line, column and byte offset. */
 static int check_bytes(frontend *fe, diag_file *f) {
   const unsigned char *s = (const unsigned char *)f->text;
@@ -123,7 +183,7 @@ static int only_blank(const diag_file *f) {
 static int load(frontend *fe, const char *path, const diag_span *site, ast_block *out) {
   char *text;
   size_t len;
-  if (read_all(path, &text, &len) != 0) {
+  if (read_source(fe, path, &text, &len) != 0) {
     const char *why = errno == EFBIG ? "file too large (the limit is 16 MiB)" : strerror(errno);
     if (site) diag_error(fe->d, *site, "cannot open '%s': %s", path, why);
     else diag_error_at(fe->d, path, "cannot open: %s", why);
@@ -158,7 +218,7 @@ static int load(frontend *fe, const char *path, const diag_span *site, ast_block
       rc = -1;
       continue;
     }
-    char *real = realpath(sub, NULL);
+    char *real = file_identity(fe, sub);
     if (!real) {
       diag_error(fe->d, it->name_span, "cannot open '%s': %s", sub, strerror(errno));
       rc = -1;
@@ -250,16 +310,23 @@ static sema_set *parse_sets(frontend *fe, const moec_set *sets, int n) {
 }
 
 ir_graph *moec_frontend_load(const char *path, const moec_set *sets, int n_sets, FILE *diag) {
+  return moec_frontend_load_ex(path, sets, n_sets, diag, NULL, NULL);
+}
+
+ir_graph *moec_frontend_load_ex(const char *path, const moec_set *sets, int n_sets, FILE *diag,
+                                const moec_sources *from, moec_sources *record) {
   diag_engine d;
   diag_init(&d, diag);
   frontend fe;
   memset(&fe, 0, sizeof fe);
   fe.d = &d;
+  fe.from = from;
+  fe.record = record;
   fe.arena = ast_arena_new();
   ir_graph *g = NULL;
   sema_set *ss = parse_sets(&fe, sets, n_sets);
   ast_block *items = ast_alloc(fe.arena, sizeof *items);
-  char *real = path ? realpath(path, NULL) : NULL;
+  char *real = path ? file_identity(&fe, path) : NULL;
   if (real) {
     fe.stack[0] = real;
     fe.shown[0] = path;
