@@ -6,6 +6,7 @@
  *   trailer: u64 payload_len, u32 crc32 of the payload, "MOECEXE1"
  */
 #include "bundle.h"
+#include "sbuf.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -21,52 +22,29 @@
 #define PAYLOAD_MAGIC "MOECSRC1"
 #define TRAILER_LEN 20
 
-typedef struct {
-  char *p;
-  size_t n, cap;
-  int oom;
-} buf;
-
-static void put(buf *b, const void *data, size_t n) {
-  if (b->oom) return;
-  if (b->n + n > b->cap) {
-    size_t cap = b->cap ? b->cap : 4096;
-    while (cap < b->n + n) cap *= 2;
-    char *p = realloc(b->p, cap);
-    if (!p) {
-      b->oom = 1;
-      return;
-    }
-    b->p = p;
-    b->cap = cap;
-  }
-  memcpy(b->p + b->n, data, n);
-  b->n += n;
-}
-
-static void put_u32(buf *b, uint32_t v) {
+static void put_u32(sbuf *b, uint32_t v) {
   unsigned char x[4] = {(unsigned char)v, (unsigned char)(v >> 8), (unsigned char)(v >> 16), (unsigned char)(v >> 24)};
-  put(b, x, 4);
+  sb_add(b, x, 4);
 }
 
-static void put_u64(buf *b, uint64_t v) {
+static void put_u64(sbuf *b, uint64_t v) {
   put_u32(b, (uint32_t)v);
   put_u32(b, (uint32_t)(v >> 32));
 }
 
-static void put_str(buf *b, const char *s) {
+static void put_str(sbuf *b, const char *s) {
   put_u32(b, (uint32_t)strlen(s));
-  put(b, s, strlen(s));
+  sb_add(b, s, strlen(s));
 }
 
 /* Reads the whole file at path. */
 static char *slurp(const char *path, size_t *len) {
   FILE *f = fopen(path, "rb");
   if (!f) return NULL;
-  buf b = {0};
+  sbuf b = {0};
   char chunk[65536];
   size_t r;
-  while ((r = fread(chunk, 1, sizeof chunk, f)) > 0) put(&b, chunk, r);
+  while ((r = fread(chunk, 1, sizeof chunk, f)) > 0) sb_add(&b, chunk, r);
   int bad = ferror(f) || b.oom;
   fclose(f);
   if (bad) {
@@ -99,15 +77,15 @@ int bundle_write(const char *out, const moec_bundle *bd, char *err, size_t errle
     snprintf(err, errlen, "cannot read this program's own binary (/proc/self/exe): %s", strerror(errno));
     return -1;
   }
-  buf b = {0};
-  put(&b, exe, plain_length(exe, exe_len));
+  sbuf b = {0};
+  sb_add(&b, exe, plain_length(exe, exe_len));
   size_t start = b.n;
-  put(&b, PAYLOAD_MAGIC, 8);
+  sb_add(&b, PAYLOAD_MAGIC, 8);
   put_u32(&b, (uint32_t)bd->sources.n);
   for (int i = 0; i < bd->sources.n; i++) {
     put_str(&b, bd->sources.v[i].path);
     put_u64(&b, bd->sources.v[i].len);
-    put(&b, bd->sources.v[i].text, bd->sources.v[i].len);
+    sb_add(&b, bd->sources.v[i].text, bd->sources.v[i].len);
   }
   put_u32(&b, (uint32_t)bd->n_sets);
   for (int i = 0; i < bd->n_sets; i++) {
@@ -118,7 +96,7 @@ int bundle_write(const char *out, const moec_bundle *bd, char *err, size_t errle
   uint32_t crc = b.oom ? 0 : (uint32_t)crc32(0L, (const Bytef *)b.p + start, (uInt)payload);
   put_u64(&b, payload);
   put_u32(&b, crc);
-  put(&b, TRAILER_MAGIC, 8);
+  sb_add(&b, TRAILER_MAGIC, 8);
   free(exe);
   if (b.oom) {
     free(b.p);

@@ -1,5 +1,6 @@
 /* ckpt.c -- crash-safe checkpoint directories (see ckpt.h). */
 #include "ckpt.h"
+#include "sbuf.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -31,49 +32,6 @@ static void seterr(char *err, size_t errlen, const char *fmt, ...) {
 
 /* ================================================================ small helpers */
 
-typedef struct {
-  char *p;
-  size_t n, cap;
-  int oom;
-} sbuf;
-
-static void sb_add(sbuf *b, const char *s, size_t n) {
-  if (b->oom) return;
-  if (b->n + n + 1 > b->cap) {
-    size_t nc = b->cap ? b->cap : 512;
-    while (b->n + n + 1 > nc) nc *= 2;
-    char *np = realloc(b->p, nc);
-    if (!np) {
-      b->oom = 1;
-      return;
-    }
-    b->p = np;
-    b->cap = nc;
-  }
-  memcpy(b->p + b->n, s, n);
-  b->n += n;
-  b->p[b->n] = 0;
-}
-static void sb_printf(sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void sb_printf(sbuf *b, const char *fmt, ...) {
-  char tmp[512];
-  va_list ap;
-  va_start(ap, fmt);
-  int n = vsnprintf(tmp, sizeof tmp, fmt, ap);
-  va_end(ap);
-  if (n > 0) sb_add(b, tmp, (size_t)n < sizeof tmp ? (size_t)n : sizeof tmp - 1);
-}
-static void sb_quote(sbuf *b, const char *s) {
-  size_t need = st_json_quote(s, NULL, 0);
-  char *tmp = malloc(need + 1);
-  if (!tmp) {
-    b->oom = 1;
-    return;
-  }
-  st_json_quote(s, tmp, need + 1);
-  sb_add(b, tmp, need);
-  free(tmp);
-}
 /* a float that Python's json reads back as a float: %.17g, plus ".0" when it looks integral */
 static int sb_float(sbuf *b, double d) {
   char tmp[64];

@@ -1,5 +1,6 @@
 /* safetensors.c -- safetensors reader/writer and the strict JSON parser (see safetensors.h). */
 #include "safetensors.h"
+#include "sbuf.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -632,51 +633,6 @@ static int valid_utf8(const char *s) {
   return 1;
 }
 
-typedef struct {
-  char *p;
-  size_t n, cap;
-  int oom;
-} sbuf;
-
-static void sb_add(sbuf *b, const char *s, size_t n) {
-  if (b->oom) return;
-  if (b->n + n + 1 > b->cap) {
-    size_t nc = b->cap ? b->cap : 256;
-    while (b->n + n + 1 > nc) nc *= 2;
-    char *np = realloc(b->p, nc);
-    if (!np) {
-      b->oom = 1;
-      return;
-    }
-    b->p = np;
-    b->cap = nc;
-  }
-  memcpy(b->p + b->n, s, n);
-  b->n += n;
-  b->p[b->n] = 0;
-}
-static void sb_str(sbuf *b, const char *s) { sb_add(b, s, strlen(s)); }
-static void sb_quote(sbuf *b, const char *s) {
-  size_t need = st_json_quote(s, NULL, 0);
-  char small[256];
-  char *tmp = need < sizeof small ? small : malloc(need + 1);
-  if (!tmp) {
-    b->oom = 1;
-    return;
-  }
-  st_json_quote(s, tmp, need + 1);
-  sb_add(b, tmp, need);
-  if (tmp != small) free(tmp);
-}
-static void sb_printf(sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void sb_printf(sbuf *b, const char *fmt, ...) {
-  char tmp[128];
-  va_list ap;
-  va_start(ap, fmt);
-  int n = vsnprintf(tmp, sizeof tmp, fmt, ap);
-  va_end(ap);
-  if (n > 0) sb_add(b, tmp, (size_t)n < sizeof tmp ? (size_t)n : sizeof tmp - 1);
-}
 
 static int write_all(int fd, const void *buf, size_t n) {
   const char *p = buf;
