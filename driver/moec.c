@@ -54,6 +54,10 @@ static const char *usage_dump =
     "  --passes=LIST           run only these passes (comma-separated), in pipeline order\n"
     "  --disable-pass=LIST     skip these passes\n"
     "  --print-after=all|LIST  print the IR after these passes (default: the final IR)\n"
+    "  --print-after-change    print only after passes that changed the IR (alone: after each of them)\n"
+    "  --dump-dir=DIR          also write DIR/NN-after-PASS.mir after lower and each pass run\n"
+    "                          (NN: the pass's place in the pipeline)\n"
+    "  --pass-timing           print each pass's time and op counts (stderr)\n"
     "  --train                 build the whole training step: forward, loss, backward, AdamW\n"
     "  --dot=OUT.dot           also write the final IR as a Graphviz graph\n";
 
@@ -74,14 +78,18 @@ static const char *usage_train =
     "  --seed N               initialisation and data order seed\n"
     "  --val-batches N        batches per validation (default 8)\n"
     "  --set NAME=VALUE       override a size or training value (see docs/language.md)\n"
-    "  --passes/--disable-pass/--print-after  as for 'moec dump'\n";
+    "  --passes/--disable-pass/--print-after/--print-after-change/--dump-dir/--pass-timing\n"
+    "                         as for 'moec dump' (they apply to the training step)\n";
 
 static const char *usage_compile =
     "usage: moec compile FILE.moe -o NAME [--set NAME=VALUE]...\n"
     "\n"
     "Checks the model, then writes the executable NAME: moec with the model's source files\n"
     "(and includes), the --set values and the data path built in. './NAME [train options]'\n"
-    "trains without the .moe file; './NAME --help' lists the options.\n";
+    "trains without the .moe file; './NAME --help' lists the options.\n"
+    "  --passes/--disable-pass/--print-after/--print-after-change/--dump-dir/--pass-timing\n"
+    "                     as for 'moec dump', for the training step checked here (the executable\n"
+    "                     takes them too, when it trains)\n";
 
 /* Set when this binary is a compiled model (moec compile): the model's files. */
 static moec_bundle embedded;
@@ -160,8 +168,14 @@ static int parse_args(int argc, char **argv, cli *c, const char *usage) {
       c->pipe.passes = v;
     } else if (take_flag(argc, argv, &i, "--disable-pass", &v)) {
       c->pipe.disable = v;
+    } else if (strcmp(argv[i], "--print-after-change") == 0) {
+      c->pipe.print_after_change = 1;
     } else if (take_flag(argc, argv, &i, "--print-after", &v)) {
       c->pipe.print_after = v;
+    } else if (take_flag(argc, argv, &i, "--dump-dir", &v)) {
+      c->pipe.dump_dir = v;
+    } else if (strcmp(argv[i], "--pass-timing") == 0) {
+      c->pipe.pass_timing = 1;
     } else if (usage == usage_train && take_flag(argc, argv, &i, "--data", &v)) {
       c->train.data = v;
     } else if (usage == usage_train && take_flag(argc, argv, &i, "--steps", &v)) {
@@ -248,7 +262,7 @@ static int cmd_dump(int argc, char **argv) {
   ir_graph *g = load_model(&c, NULL);
   if (!g) return 1;
   int rc = pipeline_run(&g, &c.pipe, stderr);
-  if (rc == 0 && !c.pipe.print_after) {
+  if (rc == 0 && !c.pipe.print_after && !c.pipe.print_after_change) {
     pipeline_print_header("pipeline", stdout);
     ir_print(g, stdout);
   }
@@ -282,7 +296,10 @@ static int cmd_train(int argc, char **argv) {
   ir_graph *fwd = load_model(&c, NULL);
   if (!fwd) return 1;
   ir_graph *step = load_model(&c, NULL);
-  pipeline_opts fwd_opts = {NULL, "autodiff", NULL, stdout, 0};
+  /* the forward graph (validation) takes the same passes, without autodiff, and is not dumped */
+  char fwd_disable[1024];
+  snprintf(fwd_disable, sizeof fwd_disable, "%s%sautodiff", c.pipe.disable ? c.pipe.disable : "", c.pipe.disable ? "," : "");
+  pipeline_opts fwd_opts = {.passes = c.pipe.passes, .disable = fwd_disable, .dump = stdout};
   c.pipe.train = 1;
   int rc = 1;
   if (step && pipeline_run(&fwd, &fwd_opts, stderr) == 0 && pipeline_run(&step, &c.pipe, stderr) == 0) {
@@ -305,9 +322,9 @@ static int cmd_compile(int argc, char **argv) {
   moec_bundle b;
   memset(&b, 0, sizeof b);
   ir_graph *g = load_model(&c, &b.sources);
-  pipeline_opts train_opts = {NULL, NULL, NULL, stdout, 1};
+  c.pipe.train = 1;
   int rc = 1;
-  if (g && pipeline_run(&g, &train_opts, stderr) == 0) {
+  if (g && pipeline_run(&g, &c.pipe, stderr) == 0) {
     /* bake in the --set values, then the data path as resolved here (absolute) */
     b.sets = calloc((size_t)c.n_sets + 1, sizeof *b.sets);
     if (!b.sets) {

@@ -22,7 +22,7 @@ static uint64_t next_u64(void) {
 static ir_graph *load(const char *path, const moec_set *sets, int n, int train) {
   ir_graph *g = moec_frontend_load(path, sets, n, stderr);
   if (!g) return NULL;
-  pipeline_opts o = {NULL, NULL, NULL, stdout, train};
+  pipeline_opts o = {.dump = stdout, .train = train};
   if (pipeline_run(&g, &o, stderr)) {
     ir_graph_free(g);
     return NULL;
