@@ -72,6 +72,9 @@ static int copy_node(rw_ctx *r, int id, const int *in, int n_in, const ir_attr *
 int rw_copy(rw_ctx *r, int id) { return copy_node(r, id, NULL, 0, NULL, 0); }
 int rw_copy_attrs(rw_ctx *r, int id, const ir_attr *extra, int n_extra) { return copy_node(r, id, NULL, 0, extra, n_extra); }
 int rw_copy_operands(rw_ctx *r, int id, const int *in, int n_in) { return copy_node(r, id, in, n_in, NULL, 0); }
+int rw_copy_full(rw_ctx *r, int id, const int *in, int n_in, const ir_attr *extra, int n_extra) {
+  return copy_node(r, id, in, n_in, extra, n_extra);
+}
 
 int rw_emit(rw_ctx *r, ir_op op, const int *in, int n_in, const ir_attr *attrs, int n_attrs, ir_loc loc) {
   if (r->failed) return -1;

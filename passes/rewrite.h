@@ -28,6 +28,8 @@ int rw_copy(rw_ctx *r, int id);
 int rw_copy_attrs(rw_ctx *r, int id, const ir_attr *extra, int n_extra);
 /* Copies old node id with new operands (new ids) instead of its mapped ones. */
 int rw_copy_operands(rw_ctx *r, int id, const int *in, int n_in);
+/* Both: new operands (or NULL for the mapped ones) and extra attributes. */
+int rw_copy_full(rw_ctx *r, int id, const int *in, int n_in, const ir_attr *extra, int n_extra);
 /* Emits a new op (operands are new ids); the result type comes from the shape rule. -1 and a
  * message naming the pass on failure (a bug in the pass). */
 int rw_emit(rw_ctx *r, ir_op op, const int *in, int n_in, const ir_attr *attrs, int n_attrs, ir_loc loc);

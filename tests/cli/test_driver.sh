@@ -26,7 +26,7 @@ grep -q "// ----- IR after dce ----- //" "$tmp/all.mir" || fail "dce header"
 n=$(sed -n '/IR after lower/,/^}/p' "$tmp/all.mir" | grep -c ' = linear(%[0-9]*, %[0-9]*) : [a-z0-9]*\[n[0-9]*_[0-9]*,') || true
 [ "$n" -eq $((2 * 4 * 3)) ] || fail "expected 24 per-expert linears in tiny, found $n"
 grep -q 'loc("models/tiny.moe":[0-9]*:[0-9]*)' "$tmp/all.mir" || fail "locations in dump"
-if grep ' = ' "$tmp/all.mir" | grep -v ' loc("' | grep -q .; then fail "an op line without loc"; fi
+if grep -E '^ *%[0-9]+ = ' "$tmp/all.mir" | grep -v ' loc("' | grep -q .; then fail "an op line without loc"; fi
 
 "$MOEC" dump models/tiny.moe --train --dot="$tmp/g.dot" >"$tmp/train.mir" || fail "dump --train"
 grep -q ' = adamw(' "$tmp/train.mir" || fail "--train has no adamw"

@@ -77,8 +77,9 @@ __attribute__((format(printf, 1, 2), noreturn)) static void die(const char *fmt,
 
 /* ------------------------------------------------------------------ the model */
 
-/* moec's layout -> HF's: transposes [in, out] into [out, in] for linear weights (as the
- * checkpoint writer does). dims gets the HF shape. */
+/* moec's layout -> HF's: transposes [in, out] into [out, in] for linear weights, including
+ * the per-expert weights that group-linear stacks (pass_param_is_linear_weight). dims gets
+ * the HF shape. */
 static float *to_hf(const ir_graph *g, int id, const float *src, int *ndim, int64_t dims[4]) {
   const ir_type *t = &g->nodes[id].type;
   int64_t n = 1;
@@ -86,7 +87,7 @@ static float *to_hf(const ir_graph *g, int id, const float *src, int *ndim, int6
   float *out = malloc((size_t)n * sizeof(float));
   if (!out) die("out of memory");
   *ndim = t->rank;
-  if (t->rank == 2 && train_param_is_linear_weight(g, id)) {
+  if (t->rank == 2 && pass_param_is_linear_weight(g, id)) {
     int64_t R = t->dims[0], C = t->dims[1]; /* (in, out) -> (out, in) */
     for (int64_t r = 0; r < R; r++)
       for (int64_t c = 0; c < C; c++) out[c * R + r] = src[r * C + c];

@@ -293,7 +293,7 @@ int main(void) {
       {"l0_sanity", "models/l0_sanity.moe", {{"hidden", "96"}, {"ffn", "192"}, {"seq", "32"}, {"batch", "2"}}, 4},
       {"unusual",
        "models/tiny.moe",
-       {{"experts", "6"}, {"top_k", "3"}, {"hidden", "96"}, {"heads", "4"}, {"kv_heads", "2"}, {"ffn", "160"},
+       {{"experts", "6"}, {"top_k", "3"}, {"hidden", "96"}, {"heads", "6"}, {"kv_heads", "2"}, {"ffn", "160"},
         {"seq", "32"}, {"batch", "2"}},
        8},
   };
@@ -302,12 +302,13 @@ int main(void) {
   const model mxm[] = {
       {"tiny", "models/tiny.moe", {{"hidden", "128"}, {"ffn", "256"}, {"seq", "32"}, {"batch", "2"}}, 4},
       {"unusual", "models/tiny.moe",
-       {{"experts", "6"}, {"top_k", "3"}, {"hidden", "96"}, {"heads", "4"}, {"kv_heads", "2"}, {"ffn", "160"},
+       {{"experts", "6"}, {"top_k", "3"}, {"hidden", "96"}, {"heads", "6"}, {"kv_heads", "2"}, {"ffn", "160"},
         {"seq", "32"}, {"batch", "2"}},
        8},
   };
-  (void)mxm;
-  (void)check_mxfp8;
+  check_mxfp8(&mxm[0], "32");
+  check_mxfp8(&mxm[0], "128");
+  check_mxfp8(&mxm[1], "32");
   if (failures) {
     printf("test_pass_equiv: %d failures\n", failures);
     return 1;
