@@ -296,6 +296,11 @@ int main(void) {
        {{"experts", "6"}, {"top_k", "3"}, {"hidden", "96"}, {"heads", "6"}, {"kv_heads", "2"}, {"ffn", "160"},
         {"seq", "32"}, {"batch", "2"}},
        8},
+      /* bodies the passes treat differently (tests/passes): up before gate (restacked), a
+       * SiLU MLP without gate (grouped, not fused), a down bias (left alone) */
+      {"up_first", "tests/passes/up_first.moe", {{"seq", "16"}}, 1},
+      {"plain_mlp", "tests/passes/plain_mlp.moe", {{"seq", "16"}}, 1},
+      {"bias_down", "tests/passes/bias_down.moe", {{"seq", "16"}}, 1},
   };
   for (size_t i = 0; i < sizeof models / sizeof models[0]; i++) check_fp32(&models[i]);
   /* mxfp8: sizes that are multiples of the block (the front end insists) */
