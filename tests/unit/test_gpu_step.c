@@ -111,11 +111,14 @@ int main(void) {
   const moec_set tiny16[] = {{"seq", "128"}, {"batch", "4"}, {"precision", "bf16"}};
   const moec_set gqa[] = {{"seq", "64"}, {"batch", "2"}, {"heads", "8"}, {"kv_heads", "2"}, {"experts", "6"},
                           {"top_k", "3"}, {"precision", "fp32"}};
-  const moec_set l0[] = {{"seq", "256"}, {"batch", "2"}, {"precision", "bf16"}};
+  /* l0_sanity at its own lr (1e-3) with batch 2 is chaotic within 20 steps: bf16 and fp32 runs
+   * on the CPU alone part by 6% by step 16. At lr 2e-4 the trajectory is smooth, so a 1e-2
+   * bound on the GPU-vs-CPU difference tests the executor, not the chaos. */
+  const moec_set l0[] = {{"seq", "256"}, {"batch", "2"}, {"precision", "bf16"}, {"lr", "2e-4"}};
   /* fp32: cuBLASLt and the kernels sum in other orders than BLAS; bf16: each rounding of an
    * activation differs by an ulp of 2^-8, and routing can flip on near-ties */
   int failed = compare("models/tiny.moe", tiny32, 3, 1e-4, 1e-3) + compare("models/tiny.moe", gqa, 7, 1e-4, 1e-3) +
-               compare("models/tiny.moe", tiny16, 3, 1e-2, 1e-1) + compare("models/l0_sanity.moe", l0, 3, 1e-2, 1e-1);
+               compare("models/tiny.moe", tiny16, 3, 1e-2, 1e-1) + compare("models/l0_sanity.moe", l0, 4, 1e-2, 1e-1);
   if (failed) {
     fprintf(stderr, "test_gpu_step: %d failures\n", failed);
     return 1;
