@@ -9,6 +9,7 @@
 #include "frontend.h"
 #include "pipeline.h"
 #include "bundle.h"
+#include "gpu_loader.h"
 #include "train.h"
 
 #include <unistd.h>
@@ -70,7 +71,8 @@ static const char *usage_train =
     "  --steps N              run length and learning-rate schedule horizon\n"
     "  --stop-at STEP         end after STEP, as if interrupted (checkpoint with --ckpt-dir);\n"
     "                         0 writes the untrained weights\n"
-    "  --device cpu|cuda      where to train (cpu: the reference executor)\n"
+    "  --device cpu|cuda      where to train (default: cuda when a GPU is present)\n"
+    "  --dump-dir DIR         write the generated CUDA sources and NVRTC logs into DIR\n"
     "  --log FILE.jsonl       one JSON line per step and per validation\n"
     "  --ckpt-dir DIR         write checkpoints (safetensors, Hugging Face layout) into DIR\n"
     "  --ckpt-every N         checkpoint every N steps (and always at the end)\n"
@@ -192,6 +194,8 @@ static int parse_args(int argc, char **argv, cli *c, const char *usage) {
       c->train.log_path = v;
     } else if (usage == usage_train && take_flag(argc, argv, &i, "--ckpt-dir", &v)) {
       c->train.ckpt_dir = v;
+    } else if (usage == usage_train && take_flag(argc, argv, &i, "--dump-dir", &v)) {
+      c->train.dump_dir = v;
     } else if (usage == usage_train && take_flag(argc, argv, &i, "--device", &v)) {
       c->device = v;
     } else if (usage == usage_train && strcmp(argv[i], "--resume") == 0) {
@@ -286,13 +290,15 @@ static int cmd_dump(int argc, char **argv) {
 static int cmd_train(int argc, char **argv) {
   cli c;
   if (parse_args(argc, argv, &c, usage_train)) return 1;
-  if (c.device && strcmp(c.device, "cpu") != 0) {
-    if (strcmp(c.device, "cuda") == 0)
-      fprintf(stderr, "moec: error: --device cuda: this build of moec has no CUDA backend yet; use --device cpu\n");
-    else
-      fprintf(stderr, "moec: error: --device %s: expected cpu or cuda\n", c.device);
+  if (c.device && strcmp(c.device, "cpu") != 0 && strcmp(c.device, "cuda") != 0) {
+    fprintf(stderr, "moec: error: --device %s: expected cpu or cuda\n", c.device);
     return 1;
   }
+  /* the GPU when one is present, unless asked otherwise */
+  char derr[256];
+  int n_gpus = 0;
+  c.train.cuda = c.device ? strcmp(c.device, "cuda") == 0
+                          : gpu_driver_load(derr, sizeof derr) == 0 && gpu_device_count(&n_gpus, derr, sizeof derr) == 0 && n_gpus > 0;
   ir_graph *fwd = load_model(&c, NULL);
   if (!fwd) return 1;
   ir_graph *step = load_model(&c, NULL);

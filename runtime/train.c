@@ -14,6 +14,8 @@
 #include "cpu_exec.h"
 #include "cpu_kernels.h"
 #include "data.h"
+#include "gpu_exec.h"
+#include "gpu_loader.h"
 #include "params.h"
 
 static double now_s(void) {
@@ -160,6 +162,27 @@ static int load_checkpoint(const ir_graph *g, rt_params *ps, const char *dir) {
   return rc;
 }
 
+/* ---- the executors: the CPU reference, or one GPU ---- */
+typedef struct {
+  cpu_exec *cpu_step, *cpu_fwd;
+  gpu_runtime *rt;
+  gpu_exec *gpu_step, *gpu_fwd;
+} executors;
+
+static int exec_run(executors *e, int fwd, const int32_t *tok, const int32_t *lab, int64_t step, float *out,
+                    double *gnorm, char *err, size_t errlen) {
+  if (e->rt) return gpu_exec_run(fwd ? e->gpu_fwd : e->gpu_step, tok, lab, step, out, gnorm, err, errlen);
+  return cpu_exec_run(fwd ? e->cpu_fwd : e->cpu_step, tok, lab, step, out, gnorm, err, errlen);
+}
+
+static void executors_free(executors *e) {
+  cpu_exec_free(e->cpu_step);
+  cpu_exec_free(e->cpu_fwd);
+  gpu_exec_free(e->gpu_step);
+  gpu_exec_free(e->gpu_fwd);
+  gpu_runtime_free(e->rt);
+}
+
 /* ---- data ---- */
 /* The file's data path is already absolute (the front end resolves it against the .moe file
  * that names it); --data is taken as given, relative to the working directory. */
@@ -171,7 +194,7 @@ static void load_progress(void *ctx, int64_t done, int64_t total) {
 }
 
 /* Mean cross-entropy (nats per base) over validation batches. */
-static int validate(cpu_exec *fx, const ir_graph *fwd, const data_set *d, int64_t batches, int32_t *tok, int32_t *lab,
+static int validate(executors *ex, const ir_graph *fwd, const data_set *d, int64_t batches, int32_t *tok, int32_t *lab,
                     double *nats) {
   int64_t B = fwd->cfg.batch, nval = data_n_windows(d, DATA_VAL);
   if (nval == 0) return 1;
@@ -181,7 +204,7 @@ static int validate(cpu_exec *fx, const ir_graph *fwd, const data_set *d, int64_
   float out[8];
   for (int64_t b = 0; b < batches; b++) {
     data_val_batch(d, b * B, B, tok, lab);
-    if (cpu_exec_run(fx, tok, lab, 0, out, NULL, err, sizeof err)) {
+    if (exec_run(ex, 1, tok, lab, 0, out, NULL, err, sizeof err)) {
       fprintf(stderr, "\n%s\n", err);
       return -1;
     }
@@ -223,15 +246,12 @@ int moec_train(const ir_graph *fwd, const ir_graph *step_g, const train_opts *o)
   int rc = 1;
   int64_t B = cfg->batch, S = cfg->seq, T = B * S;
   rt_params *ps = rt_params_new(step_g, (uint64_t)cfg->seed);
-  cpu_exec *sx = NULL, *fx = NULL;
+  executors ex;
+  memset(&ex, 0, sizeof ex);
   FILE *logf = NULL;
   int32_t *tok = malloc((size_t)T * sizeof *tok), *lab = malloc((size_t)T * sizeof *lab);
   if (!ps || !tok || !lab) {
     fprintf(stderr, "moec: error: out of host memory for the parameters and the batch\n");
-    goto done;
-  }
-  if (!(sx = cpu_exec_new(step_g, ps, err, sizeof err)) || !(fx = cpu_exec_new(fwd, ps, err, sizeof err))) {
-    fprintf(stderr, "moec: internal error: %s\n", err);
     goto done;
   }
   if (o->resume) {
@@ -241,6 +261,19 @@ int moec_train(const ir_graph *fwd, const ir_graph *step_g, const train_opts *o)
     }
     if (load_checkpoint(step_g, ps, o->ckpt_dir)) goto done;
     fprintf(stderr, "resumed from %s at step %lld\n", o->ckpt_dir, (long long)ps->step);
+  }
+  if (o->cuda) {
+    if (!(ex.rt = gpu_runtime_new(ps, o->dump_dir, err, sizeof err))) {
+      fprintf(stderr, "moec: error: --device cuda: %s\n", err);
+      goto done;
+    }
+    if (!(ex.gpu_step = gpu_exec_new(ex.rt, step_g, err, sizeof err)) || !(ex.gpu_fwd = gpu_exec_new(ex.rt, fwd, err, sizeof err))) {
+      fprintf(stderr, "moec: error: --device cuda: %s\n", err);
+      goto done;
+    }
+  } else if (!(ex.cpu_step = cpu_exec_new(step_g, ps, err, sizeof err)) || !(ex.cpu_fwd = cpu_exec_new(fwd, ps, err, sizeof err))) {
+    fprintf(stderr, "moec: internal error: %s\n", err);
+    goto done;
   }
   if (o->log_path && !(logf = fopen(o->log_path, o->resume ? "a" : "w"))) {
     fprintf(stderr, "moec: error: --log %s: cannot open for writing: %s\n", o->log_path, strerror(errno));
@@ -256,8 +289,8 @@ int moec_train(const ir_graph *fwd, const ir_graph *step_g, const train_opts *o)
   }
   int64_t val_batches = o->val_batches > 0 ? o->val_batches : 8;
   int64_t print_every = (end - ps->step) / 20 > 0 ? (end - ps->step) / 20 : 1;
-  fprintf(stderr, "training %s on the CPU: %lld parameters, %lld tokens per step, steps %lld..%lld of %lld\n",
-          step_g->model_name, (long long)rt_params_numel(ps), (long long)T, (long long)ps->step + 1, (long long)end,
+  fprintf(stderr, "training %s on %s: %lld parameters, %lld tokens per step, steps %lld..%lld of %lld\n",
+          step_g->model_name, ex.rt ? gpu_runtime_device(ex.rt) : "the CPU", (long long)rt_params_numel(ps), (long long)T, (long long)ps->step + 1, (long long)end,
           (long long)cfg->steps);
   double t0 = now_s(), loss = NAN, val = NAN;
   int64_t first = ps->step;
@@ -267,7 +300,7 @@ int moec_train(const ir_graph *fwd, const ir_graph *step_g, const train_opts *o)
     double ts = now_s(), gnorm = 0;
     float out[8];
     data_train_batch(d, s - 1, B, tok, lab);
-    if (cpu_exec_run(sx, tok, lab, s, out, &gnorm, err, sizeof err)) {
+    if (exec_run(&ex, 0, tok, lab, s, out, &gnorm, err, sizeof err)) {
       fprintf(stderr, "\n%s\n", err);
       rc = 1;
       break;
@@ -298,7 +331,7 @@ int moec_train(const ir_graph *fwd, const ir_graph *step_g, const train_opts *o)
     }
     int last = s == end;
     if ((cfg->val_every > 0 && s % cfg->val_every == 0) || last) {
-      int vr = validate(fx, fwd, d, val_batches, tok, lab, &val);
+      int vr = validate(&ex, fwd, d, val_batches, tok, lab, &val);
       if (vr < 0) {
         rc = 1;
         break;
@@ -311,7 +344,9 @@ int moec_train(const ir_graph *fwd, const ir_graph *step_g, const train_opts *o)
     }
     if (logf) fflush(logf);
     if (o->ckpt_dir && ((o->ckpt_every > 0 && s % o->ckpt_every == 0) || last))
-      if (save_checkpoint(step_g, ps, o->ckpt_dir, loss)) {
+      if ((ex.rt && gpu_runtime_download(ex.rt, ps, err, sizeof err) != 0 &&
+           fprintf(stderr, "moec: error: %s\n", err) > 0) ||
+          save_checkpoint(step_g, ps, o->ckpt_dir, loss)) {
         rc = 1;
         break;
       }
@@ -320,13 +355,16 @@ int moec_train(const ir_graph *fwd, const ir_graph *step_g, const train_opts *o)
   if (rc == 0)
     fprintf(stderr, "done: step %lld, loss %.4f, val_loss %.4f nats/base, %.1fs\n", (long long)ps->step, loss, val,
             now_s() - t0);
+  if (rc == 0 && ex.rt) {
+    char b[32];
+    fprintf(stderr, "peak GPU memory: %s\n", gpu_fmt_bytes(gpu_runtime_peak_bytes(ex.rt), b, sizeof b));
+  }
 done:
   if (logf && fclose(logf) != 0) {
     fprintf(stderr, "moec: error: --log %s: write failed: %s\n", o->log_path, strerror(errno));
     rc = 1;
   }
-  cpu_exec_free(sx);
-  cpu_exec_free(fx);
+  executors_free(&ex);
   rt_params_free(ps);
   free(tok);
   free(lab);

@@ -16,6 +16,8 @@ typedef struct {
   int resume;            /* --resume from ckpt_dir/latest */
   int64_t val_batches;   /* batches per validation (0: default) */
   int progress;          /* 1: progress bar (a terminal), 0: plain lines */
+  int cuda;              /* 1: train on GPU 0 (gpu_exec), 0: the CPU reference executor */
+  const char *dump_dir;  /* --dump-dir: generated kernel sources and NVRTC logs */
 } train_opts;
 
 /* Trains: fwd is the forward graph (validation), step the training-step graph (forward,

@@ -1,0 +1,210 @@
+/* cg_kernels.c -- the family registry, the prelude every module starts with, and the
+ * kernel-entry emitter shared by the family generators. */
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "cg_family.h"
+#include "runtime/cpu_kernels.h" /* CK_EINDEX, the value of the device error flag */
+
+static const struct {
+  const char *name;
+  cg_family_fn emit;
+} families[CG_FAM_COUNT] = {
+    [CG_FAM_ELEMENTWISE] = {"elementwise", cg_emit_elementwise},
+    [CG_FAM_EMBEDDING] = {"embedding", cg_emit_embedding},
+    [CG_FAM_RMSNORM] = {"rmsnorm", cg_emit_rmsnorm},
+    [CG_FAM_ROPE] = {"rope", cg_emit_rope},
+    [CG_FAM_ROUTER] = {"router", cg_emit_router},
+    [CG_FAM_ROUTE] = {"route", cg_emit_route},
+    [CG_FAM_LOSS] = {"loss", cg_emit_loss},
+    [CG_FAM_OPTIM] = {"optim", cg_emit_optim},
+    [CG_FAM_MXFP8] = {"mxfp8", cg_emit_mxfp8},
+};
+
+const char *cg_family_name(cg_family f) { return f < CG_FAM_COUNT ? families[f].name : "?"; }
+const char *cg_dtype_name(cg_dtype t) { return t == CG_DT_BF16 ? "bf16" : "f32"; }
+const char *cg_dtype_ctype(cg_dtype t) { return t == CG_DT_BF16 ? "bf16" : "float"; }
+
+int cg_family_variants(cg_family f, cg_variant *v, int max) {
+  if (f != CG_FAM_MXFP8) {
+    if (max >= 1) v[0] = (cg_variant){0, 0};
+    return max >= 1;
+  }
+  /* true OCP MX (block 32), and the Hopper tier: 32-blocks sharing one scale per 128 */
+  static const cg_variant mx[] = {{32, 0}, {32, 1}};
+  int n = 0;
+  for (size_t i = 0; i < sizeof mx / sizeof mx[0] && n < max; i++) v[n++] = mx[i];
+  return n;
+}
+
+int cg_variant_ok(cg_family f, const cg_variant *v) {
+  if (f >= CG_FAM_COUNT) return -1;
+  if (f != CG_FAM_MXFP8) return 0;
+  int b = v->mx_block;
+  if (b < 1 || b > 128 || (b & (b - 1)) != 0) return -1; /* a power of two up to 128 */
+  return 0;                                               /* 128 % b == 0 follows */
+}
+
+void cg_module_name(cg_family f, const cg_variant *v, char *buf, size_t len) {
+  if (f == CG_FAM_MXFP8)
+    snprintf(buf, len, "mxfp8_b%d%s", v->mx_block, v->mx_share128 ? "_s128" : "");
+  else
+    snprintf(buf, len, "%s", cg_family_name(f));
+}
+
+const char *cg_kname(char *buf, size_t len, const char *op, int n, ...) {
+  int k = snprintf(buf, len, "moec_%s", op);
+  va_list ap;
+  va_start(ap, n);
+  for (int i = 0; i < n && k >= 0 && (size_t)k < len; i++)
+    k += snprintf(buf + k, len - (size_t)k, "_%s", cg_dtype_name((cg_dtype)va_arg(ap, int)));
+  va_end(ap);
+  return buf;
+}
+
+void cg_dtype_kv(const char **kv, cg_dtype x, cg_dtype w) {
+  kv[0] = "X", kv[1] = cg_dtype_ctype(x), kv[2] = "x", kv[3] = cg_dtype_name(x);
+  kv[4] = "W", kv[5] = cg_dtype_ctype(w), kv[6] = "w", kv[7] = cg_dtype_name(w);
+  kv[8] = NULL;
+}
+
+static const char *const prelude =
+    "// Self-contained: no #include, so NVRTC needs no include path at run time.\n"
+    "typedef unsigned char u8;\n"
+    "typedef unsigned short u16;\n"
+    "typedef unsigned int u32;\n"
+    "typedef long long i64;\n"
+    "\n"
+    "// bf16 storage: the 16 bits of a bfloat16. Conversions are ck_float_to_bf16's (round to\n"
+    "// nearest even; NaN stays a quiet NaN with its sign), done on the bits, not by cvt (whose\n"
+    "// NaN is canonical), so GPU and CPU agree bit for bit.\n"
+    "struct bf16 {\n"
+    "  u16 bits;\n"
+    "};\n"
+    "\n"
+    "__device__ __forceinline__ float f32_inf() { return __int_as_float(0x7f800000); }\n"
+    "__device__ __forceinline__ float f32_qnan() { return __int_as_float(0x7fc00000); } // the CPU's NAN\n"
+    "__device__ __forceinline__ bool is_nan(float x) { return x != x; }\n"
+    "__device__ __forceinline__ bool is_finite(float x) { return fabsf(x) <= 3.40282347e38f; }\n"
+    "\n"
+    "__device__ __forceinline__ float ld(const float *p) { return *p; }\n"
+    "__device__ __forceinline__ float ld(const bf16 *p) { return __uint_as_float((u32)p->bits << 16); }\n"
+    "__device__ __forceinline__ u16 bf16_bits(float x) {\n"
+    "  u32 u = __float_as_uint(x);\n"
+    "  if ((u & 0x7FFFFFFFu) > 0x7F800000u) return (u16)((u >> 16) | 0x0040u);\n"
+    "  u += 0x7FFFu + ((u >> 16) & 1u); // may carry into inf, as it should\n"
+    "  return (u16)(u >> 16);\n"
+    "}\n"
+    "__device__ __forceinline__ void st(float *p, float v) { *p = v; }\n"
+    "__device__ __forceinline__ void st(bf16 *p, float v) { p->bits = bf16_bits(v); }\n"
+    "\n"
+    "// Grid-stride loop over [0, n).\n"
+    "#define GRID_LOOP(i, n) \\\n"
+    "  for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (i64)gridDim.x * blockDim.x)\n"
+    "\n"
+    "// Reductions. Orders are fixed by the launch shape, so results repeat run to run.\n"
+    "__device__ __forceinline__ float warp_max(float v) {\n"
+    "  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));\n"
+    "  return v;\n"
+    "}\n"
+    "template <class T> __device__ __forceinline__ T warp_sum(T v) {\n"
+    "  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);\n"
+    "  return v;\n"
+    "}\n"
+    "// Sum over the block (blockDim.x a multiple of 32); every thread gets it. sh holds 32\n"
+    "// values; the leading barrier lets a caller use the same sh twice in a row.\n"
+    "template <class T> __device__ T block_sum(T v, T *sh) {\n"
+    "  v = warp_sum(v);\n"
+    "  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;\n"
+    "  __syncthreads();\n"
+    "  if (lane == 0) sh[w] = v;\n"
+    "  __syncthreads();\n"
+    "  v = lane < (int)(blockDim.x >> 5) ? sh[lane] : (T)0;\n"
+    "  return warp_sum(v);\n"
+    "}\n"
+    "\n"
+    "// The first failure wins; the host reads the flag once per step.\n"
+    "__device__ __forceinline__ void raise_err(int *err, int code) {\n"
+    "  if (err) atomicCAS(err, 0, code);\n"
+    "}\n"
+    ;
+
+/* The emulator's stand-ins for CUDA's keywords and intrinsics come from its own header. */
+static const char *const emu_prelude = "#include \"emu_cuda.h\"\n";
+
+/* One parameter of a C parameter list: its type (everything before the name) and name. */
+static int split_param(const char *p, size_t n, char *type, size_t tl, char *name, size_t nl) {
+  while (n && (*p == ' ' || *p == '\n')) p++, n--;
+  while (n && (p[n - 1] == ' ' || p[n - 1] == '\n')) n--;
+  size_t e = n;
+  while (e && (p[e - 1] == '_' || (p[e - 1] >= '0' && p[e - 1] <= '9') || (p[e - 1] >= 'a' && p[e - 1] <= 'z') ||
+               (p[e - 1] >= 'A' && p[e - 1] <= 'Z')))
+    e--;
+  if (e == n || e == 0) return -1;
+  snprintf(type, tl, "%.*s", (int)e, p);
+  snprintf(name, nl, "%.*s", (int)(n - e), p + e);
+  return 0;
+}
+
+void cg_entry(cg_buf *b, int threads, const char *name_t, const char *params_t, const char *impl_t,
+              const char *const *kv, int emu) {
+  cg_buf nm, pr, im;
+  cg_buf_init(&nm);
+  cg_buf_init(&pr);
+  cg_buf_init(&im);
+  cg_subst(&nm, name_t, kv);
+  cg_subst(&pr, params_t, kv);
+  cg_subst(&im, impl_t, kv);
+  if (nm.oom || pr.oom || im.oom) {
+    b->oom = 1;
+  } else {
+    cg_printf(b, "extern \"C\" __global__ void __launch_bounds__(%d) %s(%s) {\n  %s(", threads, nm.s, pr.s, im.s);
+    cg_buf call, un; /* the call's arguments, and the trampoline's unpacking */
+    cg_buf_init(&call);
+    cg_buf_init(&un);
+    const char *p = pr.s;
+    for (int i = 0; *p; i++) {
+      const char *c = strchr(p, ',');
+      size_t n = c ? (size_t)(c - p) : strlen(p);
+      char type[128], pname[64];
+      if (split_param(p, n, type, sizeof type, pname, sizeof pname) == 0) {
+        cg_printf(&call, "%s%s", i ? ", " : "", pname);
+        cg_printf(&un, "%s*(%s *)a[%d]", i ? ", " : "", type, i);
+      } else {
+        b->oom = 1; /* a malformed template: make the generator fail loudly */
+      }
+      p += n + (c ? 1 : 0);
+    }
+    cg_printf(b, "%s);\n}\n", call.s ? call.s : "");
+    if (emu) cg_printf(b, "extern \"C\" void emu_%s(void **a) { %s(%s); }\n", nm.s, nm.s, un.s ? un.s : "");
+    cg_buf_free(&call);
+    cg_buf_free(&un);
+  }
+  cg_buf_free(&nm);
+  cg_buf_free(&pr);
+  cg_buf_free(&im);
+}
+
+char *cg_emit(cg_family f, const cg_variant *v, int emu) {
+  static const cg_variant none = {0, 0};
+  if (!v) v = &none;
+  if (cg_variant_ok(f, v) != 0) return NULL;
+  char mod[64];
+  cg_module_name(f, v, mod, sizeof mod);
+  cg_buf b;
+  cg_buf_init(&b);
+  cg_printf(&b, "// moec generated CUDA C, module %s (codegen/cg_%s.c). Regenerate, do not edit.\n", mod,
+            cg_family_name(f));
+  if (emu) cg_puts(&b, emu_prelude);
+  cg_puts(&b, prelude);
+  cg_printf(&b,
+            "\n// Launch shapes and codes shared with the host (codegen/cg_kernels.h, cpu_kernels.h).\n"
+            "enum { CK_EINDEX = %d };\n"
+            "enum { NT_EW = %d, NT_ROW = %d, NT_RED = %d, NT_ROUTE = %d, NT_CE = %d, NT_MX = %d };\n"
+            "enum { COLSUM_ROWS = %d, ROUTE_CHUNK = %d, MAX_E = %d, CE_ROWS = %d, GN_PARTS = %d };\n\n",
+            CK_EINDEX, CG_NT_EW, CG_NT_ROW, CG_NT_RED, CG_NT_ROUTE, CG_NT_CE, CG_NT_MX, CG_COLSUM_ROWS,
+            CG_ROUTE_CHUNK, CG_MAX_E, CG_CE_ROWS, CG_GN_PARTS);
+  families[f].emit(&b, v, emu);
+  return cg_buf_take(&b);
+}

@@ -1,0 +1,66 @@
+/* cg_optim.c -- fused AdamW on fp32 master weights (clipping factor read on the device) and
+ * the global gradient norm (per-tensor partial sums, one final reduction). */
+#include "cg_family.h"
+
+static const char *const src =
+    "// Optimizer (ck_optim.c): AdamW on fp32 master weights and the global gradient norm.\n"
+    "\n"
+    "// One torch.optim.AdamW step in ck_adamw_step's operation order. The step-dependent scalars\n"
+    "// are formed on the host in double exactly as there; the clipping factor is formed here from\n"
+    "// the device-resident norm (clip <= 0 or gnorm NULL: no clipping), so no host sync is needed.\n"
+    "__device__ void adamw(float *p, const float *g, float *m, float *v, i64 n, const float *gnorm, float clip,\n"
+    "                      float decay, float w1, float b2, float c2, float neg_step, float bc2_sqrt, float eps,\n"
+    "                      int small, int decay_on) {\n"
+    "  float scale = 1.0f;\n"
+    "  if (gnorm && clip > 0.0f) {\n"
+    "    const float c = clip / (*gnorm + 1e-6f);\n"
+    "    scale = is_nan(c) || c < 1.0f ? c : 1.0f;\n"
+    "  }\n"
+    "  GRID_LOOP(i, n) {\n"
+    "    const float gi = g[i] * scale;\n"
+    "    const float pi = decay_on ? p[i] * decay : p[i];\n"
+    "    const float mi = small ? m[i] + w1 * (gi - m[i]) : gi - (gi - m[i]) * (1.0f - w1);\n"
+    "    const float vi = v[i] * b2 + c2 * gi * gi;\n"
+    "    const float denom = sqrtf(vi) / bc2_sqrt + eps;\n"
+    "    p[i] = pi + neg_step * mi / denom;\n"
+    "    m[i] = mi;\n"
+    "    v[i] = vi;\n"
+    "  }\n"
+    "}\n"
+    "\n"
+    "// part[b] = sum of squares (double) of the elements block b visits in a grid of GN_PARTS\n"
+    "// blocks; each gradient tensor gets its own GN_PARTS slots.\n"
+    "__device__ void sumsq_partial(const float *x, i64 n, double *part) {\n"
+    "  __shared__ double sh[32];\n"
+    "  double s = 0.0;\n"
+    "  GRID_LOOP(i, n) {\n"
+    "    const double v = x[i];\n"
+    "    s += v * v;\n"
+    "  }\n"
+    "  s = block_sum(s, sh);\n"
+    "  if (threadIdx.x == 0) part[blockIdx.x] = s;\n"
+    "}\n"
+    "\n"
+    "// norm = sqrt(sum of all parts), rounded to float. One block.\n"
+    "__device__ void grad_norm_final(const double *part, i64 nparts, float *norm) {\n"
+    "  __shared__ double sh[32];\n"
+    "  double s = 0.0;\n"
+    "  for (i64 i = threadIdx.x; i < nparts; i += blockDim.x) s += part[i];\n"
+    "  s = block_sum(s, sh);\n"
+    "  if (threadIdx.x == 0) *norm = (float)sqrt(s);\n"
+    "}\n"
+    ;
+
+void cg_emit_optim(cg_buf *b, const cg_variant *v, int emu) {
+  (void)v;
+  cg_puts(b, src);
+  const char *kv[9];
+  cg_dtype_kv(kv, CG_DT_F32, CG_DT_F32);
+  cg_entry(b, CG_NT_EW, "moec_adamw",
+           "float *p, const float *g, float *m, float *v, i64 n, const float *gnorm, float clip, float decay, float w1, "
+           "float b2, float c2, float neg_step, float bc2_sqrt, float eps, int small, int decay_on",
+           "adamw", kv, emu);
+  cg_entry(b, CG_NT_RED, "moec_sumsq_partial", "const float *x, i64 n, double *part", "sumsq_partial", kv, emu);
+  cg_entry(b, CG_NT_RED, "moec_grad_norm_final", "const double *part, i64 nparts, float *norm", "grad_norm_final", kv,
+           emu);
+}

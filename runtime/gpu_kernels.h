@@ -1,0 +1,163 @@
+/* gpu_kernels.h -- rt_cuda: the generated kernels on one GPU. Modules are generated
+ * (codegen/), compiled with NVRTC for the device (cached on disk) and loaded on first use.
+ * There is one launch function per CPU reference kernel (cpu_kernels.h), named after it
+ * (ck_rmsnorm_fwd -> rt_cuda_rmsnorm_fwd), with the same arguments in the same order except
+ * that tensors are device pointers with a storage dtype (f32, or bf16 where the IR says
+ * bf16), and with the same semantics (writes vs. "+=") unless noted.
+ *
+ * Everything is queued on the context's stream; nothing waits for the GPU except
+ * rt_cuda_check, and no launch shape depends on data (routed row counts stay on the device),
+ * so a step can be captured in one CUDA graph.
+ *
+ * Errors. Functions return 0, or -1 with a message in rt_cuda_error: a shape the kernels
+ * cannot take (the CPU's CK_ESHAPE), a compile or launch failure, out of GPU memory. Bad ids
+ * in the data (tokens, labels, expert or row ids: the CPU's CK_EINDEX) are found on the
+ * device: the kernel skips the row and sets the device error flag, which rt_cuda_check reads.
+ * Where the CPU writes nothing on CK_EINDEX, the GPU's output is unspecified.
+ */
+#ifndef MOEC_GPU_KERNELS_H
+#define MOEC_GPU_KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "codegen/cg_kernels.h"
+#include "gpu_loader.h"
+
+typedef struct rt_cuda rt_cuda;
+
+typedef struct {
+  const char *arch;      /* NULL: picked for the device (sm_90a on an H100/H200) */
+  const char *dump_dir;  /* --dump-dir: write each module's source and NVRTC log */
+  const char *cache_dir; /* NULL: $MOEC_CACHE or ~/.cache/moec/kernels; "": no cache */
+} rt_cuda_opts;
+
+rt_cuda *rt_cuda_new(gpu_ctx *g, const rt_cuda_opts *o, char *err, size_t errlen);
+void rt_cuda_free(rt_cuda *k);
+const char *rt_cuda_error(const rt_cuda *k);
+gpu_ctx *rt_cuda_gpu(const rt_cuda *k);
+const char *rt_cuda_arch(const rt_cuda *k);
+/* Compiles and loads every module now (a warm-up; otherwise each loads on first use). */
+int rt_cuda_load_all(rt_cuda *k);
+
+/* Waits for the stream, then reads and clears the device error flag: *ck = CK_OK or the
+ * first CK_E* code a kernel raised since the last check. */
+int rt_cuda_check(rt_cuda *k, int *ck);
+
+/* Every kernel a launch function may use: the generators' test checks each one exists. */
+typedef struct {
+  cg_family family;
+  cg_variant variant;
+  char name[64];
+} rt_cuda_kernel_ref;
+const rt_cuda_kernel_ref *rt_cuda_kernel_refs(int *n);
+
+/* ---- elementwise (n values; outputs may alias inputs) ---- */
+int rt_cuda_cast(rt_cuda *k, cg_dtype tx, gpu_ptr x, cg_dtype ty, gpu_ptr y, int64_t n); /* rounds to bf16 RNE */
+int rt_cuda_silu_fwd(rt_cuda *k, cg_dtype t, gpu_ptr x, gpu_ptr y, int64_t n);
+int rt_cuda_silu_bwd(rt_cuda *k, cg_dtype t, gpu_ptr x, gpu_ptr dy, gpu_ptr dx, int64_t n);
+int rt_cuda_mul_fwd(rt_cuda *k, cg_dtype t, gpu_ptr a, gpu_ptr b, gpu_ptr y, int64_t n);
+int rt_cuda_mul_bwd(rt_cuda *k, cg_dtype t, gpu_ptr a, gpu_ptr b, gpu_ptr dy, gpu_ptr da /* or 0 */,
+                    gpu_ptr db /* or 0 */, int64_t n);
+int rt_cuda_add_fwd(rt_cuda *k, cg_dtype t, gpu_ptr a, gpu_ptr b, gpu_ptr y, int64_t n);
+int rt_cuda_add_bwd(rt_cuda *k, cg_dtype t, gpu_ptr dy, gpu_ptr da, gpu_ptr db, int64_t n);
+int rt_cuda_fill(rt_cuda *k, cg_dtype t, gpu_ptr y, int64_t n, float value);
+/* y (rows, w) = x (rows, W)[:, start : start + w] */
+int rt_cuda_slice_cols(rt_cuda *k, cg_dtype t, gpu_ptr x, gpu_ptr y, int64_t rows, int64_t W, int64_t start,
+                       int64_t w);
+/* out (M) f32 = (accumulate ? out : 0) + column sums of x (N, M) */
+int rt_cuda_colsum(rt_cuda *k, cg_dtype t, gpu_ptr x, gpu_ptr out, int64_t N, int64_t M, int accumulate);
+
+/* ---- dense ---- */
+int rt_cuda_embedding_fwd(rt_cuda *k, cg_dtype t, gpu_ptr table /* (V, H) */, gpu_ptr tokens /* i32 (T) */,
+                          gpu_ptr out /* (T, H) */, int64_t T, int64_t V, int64_t H);
+int rt_cuda_embedding_bwd(rt_cuda *k, cg_dtype t, gpu_ptr tokens /* i32 (T) */, gpu_ptr dout /* (T, H) */,
+                          gpu_ptr dtable /* f32 (V, H) += */, int64_t T, int64_t V, int64_t H);
+int rt_cuda_rmsnorm_fwd(rt_cuda *k, cg_dtype tx, cg_dtype tw, gpu_ptr x /* (T, H) */, gpu_ptr w /* (H) */,
+                        gpu_ptr y /* (T, H) */, int64_t T, int64_t H, float eps);
+/* dx written (skipped when 0; then w is not read), dw accumulated (skipped when 0). */
+int rt_cuda_rmsnorm_bwd(rt_cuda *k, cg_dtype tx, cg_dtype tw, gpu_ptr x /* (T, H) */, gpu_ptr w /* (H) */,
+                        gpu_ptr dy /* (T, H) */, gpu_ptr dx /* (T, H) or 0 */, gpu_ptr dw /* f32 (H) += or 0 */,
+                        int64_t T, int64_t H, float eps);
+int rt_cuda_rope_fwd(rt_cuda *k, cg_dtype t, gpu_ptr x /* (T, nh*hd) */, gpu_ptr y, int64_t T, int64_t nh,
+                     int64_t hd, int64_t seq, double theta);
+int rt_cuda_rope_bwd(rt_cuda *k, cg_dtype t, gpu_ptr dy /* (T, nh*hd) */, gpu_ptr dx, int64_t T, int64_t nh,
+                     int64_t hd, int64_t seq, double theta);
+int rt_cuda_softmax_rows(rt_cuda *k, gpu_ptr x /* f32 (T, E) */, gpu_ptr y, int64_t T, int64_t E);
+int rt_cuda_logsumexp_rows(rt_cuda *k, gpu_ptr x /* f32 (T, E) */, gpu_ptr lse /* f64 (T) */, int64_t T, int64_t E);
+
+/* ---- router (fp32) ---- */
+int rt_cuda_topk(rt_cuda *k, gpu_ptr logits /* (T, E) */, gpu_ptr idx /* i32 (T, kk) */, int64_t T, int64_t E,
+                 int64_t kk);
+int rt_cuda_route_weights_fwd(rt_cuda *k, gpu_ptr logits, gpu_ptr idx, gpu_ptr w /* (T, kk) */, int64_t T, int64_t E,
+                              int64_t kk);
+int rt_cuda_route_weights_bwd(rt_cuda *k, gpu_ptr logits, gpu_ptr idx, gpu_ptr dw /* (T, kk) */,
+                              gpu_ptr dlogits /* (T, E) */, int64_t T, int64_t E, int64_t kk);
+/* loss (f32 scalar on the device); dloss is a device f32 scalar, dlogits += as on the CPU */
+int rt_cuda_aux_loss_fwd(rt_cuda *k, gpu_ptr logits, gpu_ptr idx, gpu_ptr loss, int64_t T, int64_t E, int64_t kk,
+                         float coef);
+int rt_cuda_aux_loss_bwd(rt_cuda *k, gpu_ptr logits, gpu_ptr idx, gpu_ptr dloss, gpu_ptr dlogits, int64_t T,
+                         int64_t E, int64_t kk, float coef);
+int rt_cuda_z_loss_fwd(rt_cuda *k, gpu_ptr logits, gpu_ptr loss, int64_t T, int64_t E, float coef);
+int rt_cuda_z_loss_bwd(rt_cuda *k, gpu_ptr logits, gpu_ptr dloss, gpu_ptr dlogits, int64_t T, int64_t E, float coef);
+
+/* ---- the expert permutation: ck_route_rows for every expert at once, on the device ----
+ * Pair i = t*kk + j of idx. Expert e's pairs are rows[offsets[e] .. offsets[e+1]) (token t)
+ * and slots[...] (j), in ascending (t, j) order: ck_route_rows(idx, T, kk, e, ...) exactly.
+ * pos[i] is where pair i went. */
+typedef struct {
+  gpu_ptr rows;    /* i32 (T*kk) */
+  gpu_ptr slots;   /* i32 (T*kk) */
+  gpu_ptr pos;     /* i32 (T*kk) */
+  gpu_ptr counts;  /* i32 (E) */
+  gpu_ptr offsets; /* i32 (E+1) */
+} rt_cuda_routing;
+int rt_cuda_route(rt_cuda *k, gpu_ptr idx /* i32 (T, kk) */, int64_t T, int64_t kk, int64_t E,
+                  const rt_cuda_routing *r);
+/* xe (n, H) = x[rows[base + r]] with base, n = offsets[e], counts[e] read on the device, or
+ * all nmax rows when e < 0; the grid covers nmax rows. ck_dispatch_fwd with rows + base. */
+int rt_cuda_dispatch_fwd(rt_cuda *k, cg_dtype t, gpu_ptr x /* (T, H) */, gpu_ptr rows, gpu_ptr offsets, int e,
+                         gpu_ptr xe, int64_t T, int64_t nmax, int64_t H);
+/* dx[rows[base + r]] += dxe[r], one expert (e >= 0). */
+int rt_cuda_dispatch_bwd(rt_cuda *k, cg_dtype t, gpu_ptr dxe, gpu_ptr rows, gpu_ptr offsets, int e,
+                         gpu_ptr dx /* (T, H) += */, int64_t T, int64_t nmax, int64_t H);
+/* dx[t] += sum_j dxe[pos[t, j]]: the backward of dispatching all experts (e < 0). */
+int rt_cuda_dispatch_bwd_all(rt_cuda *k, cg_dtype t, gpu_ptr dxe /* (T*kk, H) */, gpu_ptr pos,
+                             gpu_ptr dx /* (T, H) += */, int64_t T, int64_t kk, int64_t H);
+/* ck_combine_fwd / _bwd with the experts' outputs stacked in permutation order: y (T*kk, H),
+ * y_e = y + offsets[e] rows; dy likewise. dy or dw may be 0. */
+int rt_cuda_combine_fwd(rt_cuda *k, cg_dtype t, cg_dtype tw, gpu_ptr pos, gpu_ptr w /* (T, kk) */, gpu_ptr y,
+                        gpu_ptr out /* (T, H) */, int64_t T, int64_t kk, int64_t H);
+int rt_cuda_combine_bwd(rt_cuda *k, cg_dtype t, cg_dtype tw, gpu_ptr pos, gpu_ptr w, gpu_ptr y, gpu_ptr dout,
+                        gpu_ptr dy, gpu_ptr dw /* f32 (T, kk) */, int64_t T, int64_t kk, int64_t H);
+
+/* ---- loss ---- */
+int rt_cuda_cross_entropy_fwd(rt_cuda *k, cg_dtype t, gpu_ptr logits /* (T, V) */, gpu_ptr labels /* i32 (T) */,
+                              gpu_ptr loss /* f32 () */, int64_t T, int64_t V);
+int rt_cuda_cross_entropy_bwd(rt_cuda *k, cg_dtype t, gpu_ptr logits, gpu_ptr labels, gpu_ptr dloss /* f32 () */,
+                              gpu_ptr dlogits /* f32 (T, V) */, int64_t T, int64_t V);
+
+/* ---- optimizer ---- */
+typedef struct {
+  double lr, beta1, beta2, eps, wd; /* wd = 0: no decay (norms) */
+  int64_t step;                     /* from 1 */
+  double clip;                      /* <= 0: no clipping */
+} rt_cuda_adamw_hp;
+/* ck_adamw_step with grad_scale = ck_clip_coef(*gnorm, clip), formed on the device from the
+ * norm rt_cuda_grad_norm left there (gnorm 0: scale 1). */
+int rt_cuda_adamw_step(rt_cuda *k, gpu_ptr p, gpu_ptr g, gpu_ptr m, gpu_ptr v, int64_t n, gpu_ptr gnorm,
+                       const rt_cuda_adamw_hp *hp);
+/* *norm (f32 on the device) = global L2 norm of n_bufs f32 buffers. */
+int rt_cuda_grad_norm(rt_cuda *k, const gpu_ptr *bufs, const int64_t *sizes, int n_bufs, gpu_ptr norm);
+
+/* ---- MXFP8 ---- */
+int rt_cuda_mxfp8_quantize(rt_cuda *k, cg_dtype t, gpu_ptr x /* (rows, cols) */, int64_t rows, int64_t cols,
+                           int64_t block, int share128, gpu_ptr q /* u8 (rows, cols) */,
+                           gpu_ptr scale /* u8 (rows, cols/block) */);
+/* The column-wise copy: quantizes x^T, i.e. qt (cols, rows), scale_t (cols, rows/block). */
+int rt_cuda_mxfp8_quantize_cols(rt_cuda *k, cg_dtype t, gpu_ptr x /* (rows, cols) */, int64_t rows, int64_t cols,
+                                int64_t block, int share128, gpu_ptr qt, gpu_ptr scale_t);
+int rt_cuda_mxfp8_dequantize(rt_cuda *k, cg_dtype t, gpu_ptr q, gpu_ptr scale, int64_t rows, int64_t cols,
+                             int64_t block, gpu_ptr x /* (rows, cols) */);
+
+#endif

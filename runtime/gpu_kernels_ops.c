@@ -1,0 +1,425 @@
+/* gpu_kernels_ops.c -- the launch functions of rt_cuda, one per CPU reference kernel: they
+ * check what the CPU reports as CK_ESHAPE, pick the kernel by dtypes, size the grid, carve
+ * scratch for partial sums and queue the launches. Kernel arguments must match the
+ * generated parameter lists exactly: pointers are gpu_ptr, sizes int64_t (i64), flags int. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cpu_kernels.h"
+#include "gpu_kernels_int.h"
+
+#define ARGS(...) ((void *[]){__VA_ARGS__})
+#define KN(op, ...) cg_kname(name, sizeof name, op, __VA_ARGS__)
+
+static size_t dt_size(cg_dtype t) { return t == CG_DT_BF16 ? 2 : 4; }
+
+/* ---- elementwise ---- */
+
+int rt_cuda_cast(rt_cuda *k, cg_dtype tx, gpu_ptr x, cg_dtype ty, gpu_ptr y, int64_t n) {
+  char name[64];
+  KN("cast", 2, tx, ty);
+  return rtk_launch(k, CG_FAM_ELEMENTWISE, NULL, name, rtk_blocks(n, CG_NT_EW), 1, CG_NT_EW, ARGS(&x, &y, &n));
+}
+
+int rt_cuda_silu_fwd(rt_cuda *k, cg_dtype t, gpu_ptr x, gpu_ptr y, int64_t n) {
+  char name[64];
+  KN("silu_fwd", 1, t);
+  return rtk_launch(k, CG_FAM_ELEMENTWISE, NULL, name, rtk_blocks(n, CG_NT_EW), 1, CG_NT_EW, ARGS(&x, &y, &n));
+}
+
+int rt_cuda_silu_bwd(rt_cuda *k, cg_dtype t, gpu_ptr x, gpu_ptr dy, gpu_ptr dx, int64_t n) {
+  char name[64];
+  KN("silu_bwd", 1, t);
+  return rtk_launch(k, CG_FAM_ELEMENTWISE, NULL, name, rtk_blocks(n, CG_NT_EW), 1, CG_NT_EW, ARGS(&x, &dy, &dx, &n));
+}
+
+int rt_cuda_mul_fwd(rt_cuda *k, cg_dtype t, gpu_ptr a, gpu_ptr b, gpu_ptr y, int64_t n) {
+  char name[64];
+  KN("mul_fwd", 1, t);
+  return rtk_launch(k, CG_FAM_ELEMENTWISE, NULL, name, rtk_blocks(n, CG_NT_EW), 1, CG_NT_EW, ARGS(&a, &b, &y, &n));
+}
+
+int rt_cuda_mul_bwd(rt_cuda *k, cg_dtype t, gpu_ptr a, gpu_ptr b, gpu_ptr dy, gpu_ptr da, gpu_ptr db, int64_t n) {
+  char name[64];
+  KN("mul_bwd", 1, t);
+  return rtk_launch(k, CG_FAM_ELEMENTWISE, NULL, name, rtk_blocks(n, CG_NT_EW), 1, CG_NT_EW,
+                    ARGS(&a, &b, &dy, &da, &db, &n));
+}
+
+int rt_cuda_add_fwd(rt_cuda *k, cg_dtype t, gpu_ptr a, gpu_ptr b, gpu_ptr y, int64_t n) {
+  char name[64];
+  KN("add_fwd", 1, t);
+  return rtk_launch(k, CG_FAM_ELEMENTWISE, NULL, name, rtk_blocks(n, CG_NT_EW), 1, CG_NT_EW, ARGS(&a, &b, &y, &n));
+}
+
+int rt_cuda_add_bwd(rt_cuda *k, cg_dtype t, gpu_ptr dy, gpu_ptr da, gpu_ptr db, int64_t n) {
+  char name[64];
+  KN("add_bwd", 1, t);
+  return rtk_launch(k, CG_FAM_ELEMENTWISE, NULL, name, rtk_blocks(n, CG_NT_EW), 1, CG_NT_EW, ARGS(&dy, &da, &db, &n));
+}
+
+int rt_cuda_fill(rt_cuda *k, cg_dtype t, gpu_ptr y, int64_t n, float value) {
+  char name[64];
+  KN("fill", 1, t);
+  return rtk_launch(k, CG_FAM_ELEMENTWISE, NULL, name, rtk_blocks(n, CG_NT_EW), 1, CG_NT_EW, ARGS(&y, &n, &value));
+}
+
+int rt_cuda_slice_cols(rt_cuda *k, cg_dtype t, gpu_ptr x, gpu_ptr y, int64_t rows, int64_t W, int64_t start,
+                       int64_t w) {
+  if (start < 0 || w < 0 || start + w > W) return rtk_fail(k, "slice_cols: columns [%lld, %lld) outside [0, %lld)", (long long)start, (long long)(start + w), (long long)W);
+  char name[64];
+  KN("slice_cols", 1, t);
+  return rtk_launch(k, CG_FAM_ELEMENTWISE, NULL, name, rtk_blocks(rows * w, CG_NT_EW), 1, CG_NT_EW,
+                    ARGS(&x, &y, &rows, &W, &start, &w));
+}
+
+int rt_cuda_colsum(rt_cuda *k, cg_dtype t, gpu_ptr x, gpu_ptr out, int64_t N, int64_t M, int accumulate) {
+  int64_t P = (N + CG_COLSUM_ROWS - 1) / CG_COLSUM_ROWS;
+  gpu_ptr part = 0;
+  if (P > 0 && rtk_scratch(k, (size_t)(P * M) * sizeof(float), &part) != 0) return -1;
+  char name[64];
+  KN("colsum_partial", 1, t);
+  if (rtk_launch(k, CG_FAM_ELEMENTWISE, NULL, name, rtk_blocks(M, CG_NT_EW), (uint64_t)P, CG_NT_EW,
+                 ARGS(&x, &part, &N, &M)) != 0)
+    return -1;
+  KN("colsum_final", 0);
+  return rtk_launch(k, CG_FAM_ELEMENTWISE, NULL, name, rtk_blocks(M, CG_NT_EW), 1, CG_NT_EW,
+                    ARGS(&part, &out, &P, &M, &accumulate));
+}
+
+/* ---- dense ---- */
+
+int rt_cuda_embedding_fwd(rt_cuda *k, cg_dtype t, gpu_ptr table, gpu_ptr tokens, gpu_ptr out, int64_t T, int64_t V,
+                          int64_t H) {
+  char name[64];
+  KN("embedding_fwd", 1, t);
+  return rtk_launch(k, CG_FAM_EMBEDDING, NULL, name, (uint64_t)T, 1, CG_NT_ROW,
+                    ARGS(&table, &tokens, &out, &T, &V, &H, &k->err_flag));
+}
+
+int rt_cuda_embedding_bwd(rt_cuda *k, cg_dtype t, gpu_ptr tokens, gpu_ptr dout, gpu_ptr dtable, int64_t T, int64_t V,
+                          int64_t H) {
+  char name[64];
+  KN("embedding_bwd", 1, t);
+  return rtk_launch(k, CG_FAM_EMBEDDING, NULL, name, rtk_blocks(H, CG_NT_ROW), (uint64_t)V, CG_NT_ROW,
+                    ARGS(&tokens, &dout, &dtable, &T, &V, &H, &k->err_flag));
+}
+
+int rt_cuda_rmsnorm_fwd(rt_cuda *k, cg_dtype tx, cg_dtype tw, gpu_ptr x, gpu_ptr w, gpu_ptr y, int64_t T, int64_t H,
+                        float eps) {
+  char name[64];
+  KN("rmsnorm_fwd", 2, tx, tw);
+  return rtk_launch(k, CG_FAM_RMSNORM, NULL, name, (uint64_t)T, 1, CG_NT_ROW, ARGS(&x, &w, &y, &T, &H, &eps));
+}
+
+int rt_cuda_rmsnorm_bwd(rt_cuda *k, cg_dtype tx, cg_dtype tw, gpu_ptr x, gpu_ptr w, gpu_ptr dy, gpu_ptr dx,
+                        gpu_ptr dw, int64_t T, int64_t H, float eps) {
+  char name[64];
+  if (dw) { /* first: dx may overwrite dy */
+    int64_t P = (T + CG_COLSUM_ROWS - 1) / CG_COLSUM_ROWS;
+    const size_t rstd_bytes = rtk_align((size_t)T * sizeof(float));
+    gpu_ptr ws, rstd, part;
+    if (rtk_scratch(k, rstd_bytes + (size_t)(P * H) * sizeof(float), &ws) != 0) return -1;
+    rstd = ws;
+    part = ws + rstd_bytes;
+    KN("rmsnorm_rstd", 1, tx);
+    if (rtk_launch(k, CG_FAM_RMSNORM, NULL, name, (uint64_t)T, 1, CG_NT_ROW, ARGS(&x, &rstd, &T, &H, &eps)) != 0)
+      return -1;
+    KN("rmsnorm_bwd_w_partial", 1, tx);
+    if (rtk_launch(k, CG_FAM_RMSNORM, NULL, name, rtk_blocks(H, CG_NT_EW), (uint64_t)P, CG_NT_EW,
+                   ARGS(&x, &dy, &rstd, &part, &T, &H)) != 0)
+      return -1;
+    int acc = 1;
+    KN("colsum_final", 0);
+    if (rtk_launch(k, CG_FAM_ELEMENTWISE, NULL, name, rtk_blocks(H, CG_NT_EW), 1, CG_NT_EW,
+                   ARGS(&part, &dw, &P, &H, &acc)) != 0)
+      return -1;
+  }
+  if (!dx) return 0;
+  KN("rmsnorm_bwd_x", 2, tx, tw);
+  return rtk_launch(k, CG_FAM_RMSNORM, NULL, name, (uint64_t)T, 1, CG_NT_ROW, ARGS(&x, &w, &dy, &dx, &T, &H, &eps));
+}
+
+static int rope(rt_cuda *k, cg_dtype t, gpu_ptr x, gpu_ptr y, int64_t T, int64_t nh, int64_t hd, int64_t seq,
+                double theta, float sign) {
+  if (hd < 0 || hd % 2 != 0 || seq < 1 || nh < 0 || T < 0)
+    return rtk_fail(k, "rope: head dim %lld must be even and seq %lld >= 1 (%s)", (long long)hd, (long long)seq, ck_strerror(CK_ESHAPE));
+  int64_t half = hd / 2, P = T < seq ? T : seq;
+  if (half == 0 || P == 0) {
+    if (x != y && gpu_copy(k->g, y, x, (size_t)(T * nh * hd) * dt_size(t)) != 0) return rtk_fail(k, "%s", gpu_error(k->g));
+    return 0;
+  }
+  char name[64];
+  if (!k->rope.cs || k->rope.P != P || k->rope.half != half || k->rope.hd != hd || k->rope.theta != theta) {
+    /* the table, built as ck_attention.c builds it (see rope.cu for why on the host) */
+    float *cs = malloc((size_t)(P * half * 2) * sizeof(float)); /* (P, half, {cos, sin}) */
+    if (!cs) return rtk_fail(k, "rope: out of host memory");
+    for (int64_t i = 0; i < half; i++) {
+      double inv_freq = pow(theta, -2.0 * (double)i / (double)hd);
+      for (int64_t p = 0; p < P; p++) {
+        double a = (double)p * inv_freq;
+        cs[(p * half + i) * 2] = (float)cos(a);
+        cs[(p * half + i) * 2 + 1] = (float)sin(a);
+      }
+    }
+    int rc = k->rope.cs ? gpu_sync(k->g) : 0; /* queued kernels may read the old table */
+    gpu_free(k->g, k->rope.cs);
+    k->rope.cs = 0;
+    if (rc == 0) rc = gpu_alloc(k->g, &k->rope.cs, (size_t)(P * half * 2) * sizeof(float), "the rope table");
+    if (rc == 0) rc = gpu_upload(k->g, k->rope.cs, cs, (size_t)(P * half * 2) * sizeof(float));
+    free(cs);
+    if (rc != 0) return rtk_fail(k, "%s", gpu_error(k->g));
+    k->rope.P = P, k->rope.half = half, k->rope.hd = hd, k->rope.theta = theta;
+  }
+  KN("rope", 1, t);
+  return rtk_launch(k, CG_FAM_ROPE, NULL, name, rtk_blocks(T * nh * half, CG_NT_EW), 1, CG_NT_EW,
+                    ARGS(&x, &y, &k->rope.cs, &T, &nh, &hd, &seq, &sign));
+}
+
+int rt_cuda_rope_fwd(rt_cuda *k, cg_dtype t, gpu_ptr x, gpu_ptr y, int64_t T, int64_t nh, int64_t hd, int64_t seq,
+                     double theta) {
+  return rope(k, t, x, y, T, nh, hd, seq, theta, 1.0f);
+}
+
+int rt_cuda_rope_bwd(rt_cuda *k, cg_dtype t, gpu_ptr dy, gpu_ptr dx, int64_t T, int64_t nh, int64_t hd, int64_t seq,
+                     double theta) {
+  return rope(k, t, dy, dx, T, nh, hd, seq, theta, -1.0f);
+}
+
+int rt_cuda_softmax_rows(rt_cuda *k, gpu_ptr x, gpu_ptr y, int64_t T, int64_t E) {
+  return rtk_launch(k, CG_FAM_ROUTER, NULL, "moec_softmax_rows", rtk_blocks(T, CG_NT_RED), 1, CG_NT_RED,
+                    ARGS(&x, &y, &T, &E));
+}
+
+int rt_cuda_logsumexp_rows(rt_cuda *k, gpu_ptr x, gpu_ptr lse, int64_t T, int64_t E) {
+  return rtk_launch(k, CG_FAM_ROUTER, NULL, "moec_logsumexp_rows", rtk_blocks(T, CG_NT_RED), 1, CG_NT_RED,
+                    ARGS(&x, &lse, &T, &E));
+}
+
+/* ---- router ---- */
+
+int rt_cuda_topk(rt_cuda *k, gpu_ptr logits, gpu_ptr idx, int64_t T, int64_t E, int64_t kk) {
+  if (kk < 1 || kk > E) return rtk_fail(k, "topk: k = %lld outside [1, %lld] (%s)", (long long)kk, (long long)E, ck_strerror(CK_ESHAPE));
+  return rtk_launch(k, CG_FAM_ROUTER, NULL, "moec_topk", rtk_blocks(T, CG_NT_RED), 1, CG_NT_RED,
+                    ARGS(&logits, &idx, &T, &E, &kk));
+}
+
+int rt_cuda_route_weights_fwd(rt_cuda *k, gpu_ptr logits, gpu_ptr idx, gpu_ptr w, int64_t T, int64_t E, int64_t kk) {
+  return rtk_launch(k, CG_FAM_ROUTER, NULL, "moec_route_weights_fwd", rtk_blocks(T, CG_NT_RED), 1, CG_NT_RED,
+                    ARGS(&logits, &idx, &w, &T, &E, &kk, &k->err_flag));
+}
+
+int rt_cuda_route_weights_bwd(rt_cuda *k, gpu_ptr logits, gpu_ptr idx, gpu_ptr dw, gpu_ptr dlogits, int64_t T,
+                              int64_t E, int64_t kk) {
+  return rtk_launch(k, CG_FAM_ROUTER, NULL, "moec_route_weights_bwd", rtk_blocks(T, CG_NT_RED), 1, CG_NT_RED,
+                    ARGS(&logits, &idx, &dw, &dlogits, &T, &E, &kk, &k->err_flag));
+}
+
+/* Partial sums of the aux loss into scratch, then the final kernel writes loss and/or a. */
+static int aux_sums(rt_cuda *k, gpu_ptr logits, gpu_ptr idx, int64_t T, int64_t E, int64_t kk, float coef,
+                    gpu_ptr loss, int want_a, gpu_ptr *a) {
+  if (E < 1 || E > CG_MAX_E) return rtk_fail(k, "aux_loss: %lld experts, the GPU kernels take 1..%d", (long long)E, CG_MAX_E);
+  int64_t nb = (T + CG_NT_RED - 1) / CG_NT_RED;
+  const size_t pb = rtk_align((size_t)(nb * E) * sizeof(double)), cb = rtk_align((size_t)(nb * E) * sizeof(int));
+  gpu_ptr ws;
+  if (rtk_scratch(k, pb + cb + (size_t)E * sizeof(double), &ws) != 0) return -1;
+  gpu_ptr Ppart = ws, cpart = ws + pb;
+  *a = want_a ? ws + pb + cb : 0;
+  if (rtk_launch(k, CG_FAM_ROUTER, NULL, "moec_aux_partial", (uint64_t)nb, 1, CG_NT_RED,
+                 ARGS(&logits, &idx, &Ppart, &cpart, &T, &E, &kk, &k->err_flag)) != 0)
+    return -1;
+  return rtk_launch(k, CG_FAM_ROUTER, NULL, "moec_aux_final", 1, 1, CG_NT_RED,
+                    ARGS(&Ppart, &cpart, &nb, &T, &E, &coef, &loss, a));
+}
+
+int rt_cuda_aux_loss_fwd(rt_cuda *k, gpu_ptr logits, gpu_ptr idx, gpu_ptr loss, int64_t T, int64_t E, int64_t kk,
+                         float coef) {
+  gpu_ptr a;
+  return aux_sums(k, logits, idx, T, E, kk, coef, loss, 0, &a);
+}
+
+int rt_cuda_aux_loss_bwd(rt_cuda *k, gpu_ptr logits, gpu_ptr idx, gpu_ptr dloss, gpu_ptr dlogits, int64_t T,
+                         int64_t E, int64_t kk, float coef) {
+  gpu_ptr a, none = 0;
+  if (T == 0) return 0;
+  if (aux_sums(k, logits, idx, T, E, kk, coef, none, 1, &a) != 0) return -1;
+  return rtk_launch(k, CG_FAM_ROUTER, NULL, "moec_aux_bwd", rtk_blocks(T, CG_NT_RED), 1, CG_NT_RED,
+                    ARGS(&logits, &a, &dloss, &dlogits, &T, &E));
+}
+
+int rt_cuda_z_loss_fwd(rt_cuda *k, gpu_ptr logits, gpu_ptr loss, int64_t T, int64_t E, float coef) {
+  int64_t nb = (T + CG_NT_RED - 1) / CG_NT_RED;
+  gpu_ptr part = 0;
+  if (nb > 0 && rtk_scratch(k, (size_t)nb * sizeof(double), &part) != 0) return -1;
+  if (rtk_launch(k, CG_FAM_ROUTER, NULL, "moec_z_partial", (uint64_t)nb, 1, CG_NT_RED, ARGS(&logits, &part, &T, &E)) != 0)
+    return -1;
+  return rtk_launch(k, CG_FAM_ROUTER, NULL, "moec_z_final", 1, 1, CG_NT_RED, ARGS(&part, &nb, &T, &coef, &loss));
+}
+
+int rt_cuda_z_loss_bwd(rt_cuda *k, gpu_ptr logits, gpu_ptr dloss, gpu_ptr dlogits, int64_t T, int64_t E, float coef) {
+  return rtk_launch(k, CG_FAM_ROUTER, NULL, "moec_z_bwd", rtk_blocks(T, CG_NT_RED), 1, CG_NT_RED,
+                    ARGS(&logits, &dloss, &dlogits, &T, &E, &coef));
+}
+
+/* ---- the expert permutation, dispatch, combine ---- */
+
+int rt_cuda_route(rt_cuda *k, gpu_ptr idx, int64_t T, int64_t kk, int64_t E, const rt_cuda_routing *r) {
+  if (E < 1 || E > CG_MAX_E) return rtk_fail(k, "route: %lld experts, the GPU kernels take 1..%d", (long long)E, CG_MAX_E);
+  int64_t np = T * kk, nb = (np + CG_ROUTE_CHUNK - 1) / CG_ROUTE_CHUNK;
+  if (np > 0x7fffffff) return rtk_fail(k, "route: %lld (token, slot) pairs overflow int32 row ids", (long long)np);
+  const size_t cb = rtk_align((size_t)(nb * E) * sizeof(int));
+  gpu_ptr ws = 0;
+  if (rtk_scratch(k, 2 * cb + 256, &ws) != 0) return -1;
+  gpu_ptr ccount = ws, cbase = ws + cb;
+  if (rtk_launch(k, CG_FAM_ROUTE, NULL, "moec_route_count", (uint64_t)nb, 1, CG_NT_ROUTE,
+                 ARGS(&idx, &ccount, &np, &E, &k->err_flag)) != 0)
+    return -1;
+  gpu_ptr counts = r->counts, offsets = r->offsets, rows = r->rows, slots = r->slots, pos = r->pos;
+  if (rtk_launch(k, CG_FAM_ROUTE, NULL, "moec_route_scan", 1, 1, CG_NT_ROUTE,
+                 ARGS(&ccount, &cbase, &counts, &offsets, &nb, &E)) != 0)
+    return -1;
+  return rtk_launch(k, CG_FAM_ROUTE, NULL, "moec_route_fill", (uint64_t)nb, 1, CG_NT_ROUTE,
+                    ARGS(&idx, &cbase, &rows, &slots, &pos, &np, &kk, &E));
+}
+
+int rt_cuda_dispatch_fwd(rt_cuda *k, cg_dtype t, gpu_ptr x, gpu_ptr rows, gpu_ptr offsets, int e, gpu_ptr xe, int64_t T,
+                         int64_t nmax, int64_t H) {
+  char name[64];
+  KN("dispatch_fwd", 1, t);
+  return rtk_launch(k, CG_FAM_ROUTE, NULL, name, (uint64_t)nmax, 1, CG_NT_ROW,
+                    ARGS(&x, &rows, &offsets, &e, &xe, &T, &nmax, &H, &k->err_flag));
+}
+
+int rt_cuda_dispatch_bwd(rt_cuda *k, cg_dtype t, gpu_ptr dxe, gpu_ptr rows, gpu_ptr offsets, int e, gpu_ptr dx,
+                         int64_t T, int64_t nmax, int64_t H) {
+  if (e < 0) return rtk_fail(k, "dispatch_bwd: one expert at a time (all experts: rt_cuda_dispatch_bwd_all)");
+  char name[64];
+  KN("dispatch_bwd", 1, t);
+  return rtk_launch(k, CG_FAM_ROUTE, NULL, name, (uint64_t)nmax, 1, CG_NT_ROW,
+                    ARGS(&dxe, &rows, &offsets, &e, &dx, &T, &nmax, &H, &k->err_flag));
+}
+
+int rt_cuda_dispatch_bwd_all(rt_cuda *k, cg_dtype t, gpu_ptr dxe, gpu_ptr pos, gpu_ptr dx, int64_t T, int64_t kk,
+                             int64_t H) {
+  char name[64];
+  KN("dispatch_bwd_gather", 1, t);
+  return rtk_launch(k, CG_FAM_ROUTE, NULL, name, (uint64_t)T, 1, CG_NT_ROW, ARGS(&dxe, &pos, &dx, &T, &kk, &H));
+}
+
+int rt_cuda_combine_fwd(rt_cuda *k, cg_dtype t, cg_dtype tw, gpu_ptr pos, gpu_ptr w, gpu_ptr y, gpu_ptr out, int64_t T,
+                        int64_t kk, int64_t H) {
+  char name[64];
+  KN("combine_fwd", 2, t, tw);
+  return rtk_launch(k, CG_FAM_ROUTE, NULL, name, (uint64_t)T, 1, CG_NT_ROW,
+                    ARGS(&pos, &w, &y, &out, &T, &kk, &H, &k->err_flag));
+}
+
+int rt_cuda_combine_bwd(rt_cuda *k, cg_dtype t, cg_dtype tw, gpu_ptr pos, gpu_ptr w, gpu_ptr y, gpu_ptr dout,
+                        gpu_ptr dy, gpu_ptr dw, int64_t T, int64_t kk, int64_t H) {
+  char name[64];
+  KN("combine_bwd", 2, t, tw);
+  return rtk_launch(k, CG_FAM_ROUTE, NULL, name, (uint64_t)T, 1, CG_NT_ROW,
+                    ARGS(&pos, &w, &y, &dout, &dy, &dw, &T, &kk, &H, &k->err_flag));
+}
+
+/* ---- loss ---- */
+
+int rt_cuda_cross_entropy_fwd(rt_cuda *k, cg_dtype t, gpu_ptr logits, gpu_ptr labels, gpu_ptr loss, int64_t T,
+                              int64_t V) {
+  int64_t nb = (T + CG_CE_ROWS - 1) / CG_CE_ROWS;
+  const size_t pb = rtk_align((size_t)nb * sizeof(double));
+  gpu_ptr ws = 0, none = 0;
+  if (rtk_scratch(k, pb + (size_t)nb * sizeof(int) + 256, &ws) != 0) return -1;
+  gpu_ptr part = ws, npart = ws + pb;
+  char name[64];
+  KN("ce_partial", 1, t);
+  if (rtk_launch(k, CG_FAM_LOSS, NULL, name, (uint64_t)nb, 1, CG_NT_CE,
+                 ARGS(&logits, &labels, &part, &npart, &T, &V, &k->err_flag)) != 0)
+    return -1;
+  return rtk_launch(k, CG_FAM_LOSS, NULL, "moec_ce_final", 1, 1, CG_NT_CE, ARGS(&part, &npart, &nb, &loss, &none));
+}
+
+int rt_cuda_cross_entropy_bwd(rt_cuda *k, cg_dtype t, gpu_ptr logits, gpu_ptr labels, gpu_ptr dloss, gpu_ptr dlogits,
+                              int64_t T, int64_t V) {
+  gpu_ptr nvalid;
+  if (rtk_scratch(k, sizeof(int), &nvalid) != 0) return -1;
+  if (rtk_launch(k, CG_FAM_LOSS, NULL, "moec_ce_count", 1, 1, CG_NT_CE, ARGS(&labels, &nvalid, &T, &V, &k->err_flag)) != 0)
+    return -1;
+  char name[64];
+  KN("ce_bwd", 1, t);
+  return rtk_launch(k, CG_FAM_LOSS, NULL, name, rtk_blocks(T, CG_NT_CE / 32), 1, CG_NT_CE,
+                    ARGS(&logits, &labels, &dloss, &nvalid, &dlogits, &T, &V));
+}
+
+/* ---- optimizer ---- */
+
+int rt_cuda_adamw_step(rt_cuda *k, gpu_ptr p, gpu_ptr g, gpu_ptr m, gpu_ptr v, int64_t n, gpu_ptr gnorm,
+                       const rt_cuda_adamw_hp *hp) {
+  /* the scalars exactly as ck_adamw_step forms them */
+  float decay = (float)(1.0 - hp->lr * hp->wd);
+  float w1 = (float)(1.0 - hp->beta1), b2 = (float)hp->beta2, c2 = (float)(1.0 - hp->beta2);
+  const double bc1 = 1.0 - pow(hp->beta1, (double)hp->step), bc2 = 1.0 - pow(hp->beta2, (double)hp->step);
+  float neg_step = (float)(-(hp->lr / bc1)), bc2_sqrt = (float)sqrt(bc2), eps = (float)hp->eps;
+  int small = fabsf(w1) < 0.5f, decay_on = hp->wd != 0.0;
+  float clip = hp->clip > 0 ? (float)hp->clip : 0.0f;
+  return rtk_launch(k, CG_FAM_OPTIM, NULL, "moec_adamw", rtk_blocks(n, CG_NT_EW), 1, CG_NT_EW,
+                    ARGS(&p, &g, &m, &v, &n, &gnorm, &clip, &decay, &w1, &b2, &c2, &neg_step, &bc2_sqrt, &eps, &small,
+                         &decay_on));
+}
+
+int rt_cuda_grad_norm(rt_cuda *k, const gpu_ptr *bufs, const int64_t *sizes, int n_bufs, gpu_ptr norm) {
+  int64_t parts = (int64_t)n_bufs * CG_GN_PARTS;
+  gpu_ptr ws = 0;
+  if (rtk_scratch(k, (size_t)(parts > 0 ? parts : 1) * sizeof(double), &ws) != 0) return -1;
+  for (int i = 0; i < n_bufs; i++) {
+    gpu_ptr x = bufs[i], part = ws + (gpu_ptr)i * CG_GN_PARTS * sizeof(double);
+    int64_t n = sizes[i];
+    if (rtk_launch(k, CG_FAM_OPTIM, NULL, "moec_sumsq_partial", CG_GN_PARTS, 1, CG_NT_RED, ARGS(&x, &n, &part)) != 0)
+      return -1;
+  }
+  return rtk_launch(k, CG_FAM_OPTIM, NULL, "moec_grad_norm_final", 1, 1, CG_NT_RED, ARGS(&ws, &parts, &norm));
+}
+
+/* ---- MXFP8 ---- */
+
+static int mx_check(rt_cuda *k, const char *what, int64_t along, int64_t block, int share128) {
+  if (block < 1 || block > 128 || (block & (block - 1)) != 0)
+    return rtk_fail(k, "%s: block %lld: the GPU kernels take a power of two up to 128 (%s)", what, (long long)block, ck_strerror(CK_ESHAPE));
+  if (along % (share128 ? 128 : block) != 0)
+    return rtk_fail(k, "%s: %lld elements per row are not a multiple of %lld (%s)", what, (long long)along,
+                    (long long)(share128 ? 128 : block), ck_strerror(CK_ESHAPE));
+  return 0;
+}
+
+int rt_cuda_mxfp8_quantize(rt_cuda *k, cg_dtype t, gpu_ptr x, int64_t rows, int64_t cols, int64_t block, int share128,
+                           gpu_ptr q, gpu_ptr scale) {
+  if (mx_check(k, "mxfp8_quantize", cols, block, share128)) return -1;
+  const cg_variant v = {(int)block, share128 != 0};
+  int64_t group = share128 ? 128 : block, tpg = group < 32 ? group : 32, ngroups = rows * (cols / group);
+  char name[64];
+  KN("mxfp8_quantize", 1, t);
+  return rtk_launch(k, CG_FAM_MXFP8, &v, name, rtk_blocks(ngroups * tpg, CG_NT_MX), 1, CG_NT_MX,
+                    ARGS(&x, &q, &scale, &ngroups));
+}
+
+int rt_cuda_mxfp8_quantize_cols(rt_cuda *k, cg_dtype t, gpu_ptr x, int64_t rows, int64_t cols, int64_t block,
+                                int share128, gpu_ptr qt, gpu_ptr scale_t) {
+  if (mx_check(k, "mxfp8_quantize_cols", rows, block, share128)) return -1;
+  const cg_variant v = {(int)block, share128 != 0};
+  int64_t group = share128 ? 128 : block;
+  char name[64];
+  KN("mxfp8_quantize_cols", 1, t);
+  return rtk_launch(k, CG_FAM_MXFP8, &v, name, rtk_blocks(cols * (rows / group), CG_NT_MX), 1, CG_NT_MX,
+                    ARGS(&x, &qt, &scale_t, &rows, &cols));
+}
+
+int rt_cuda_mxfp8_dequantize(rt_cuda *k, cg_dtype t, gpu_ptr q, gpu_ptr scale, int64_t rows, int64_t cols,
+                             int64_t block, gpu_ptr x) {
+  if (mx_check(k, "mxfp8_dequantize", cols, block, 0)) return -1;
+  const cg_variant v = {(int)block, 0};
+  int64_t n = rows * cols;
+  char name[64];
+  KN("mxfp8_dequantize", 1, t);
+  return rtk_launch(k, CG_FAM_MXFP8, &v, name, rtk_blocks(n, CG_NT_MX), 1, CG_NT_MX, ARGS(&q, &scale, &x, &n));
+}

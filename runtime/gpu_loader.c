@@ -1,0 +1,439 @@
+/* gpu_loader.c -- loads libcuda.so.1 with dlopen and wraps the few driver calls moec needs.
+ *
+ * Types and constants are redeclared from CUDA 13.0's cuda.h (values cited); handles are
+ * void *. Symbols are resolved by the names cuda.h maps the API to (cuMemAlloc ->
+ * cuMemAlloc_v2, ...), which exist in every driver since CUDA 12.0; cuEventElapsedTime_v2
+ * (CUDA 12.8) falls back to cuEventElapsedTime. Async calls use the per-context stream, not
+ * the legacy default stream (which a non-blocking stream does not wait for).
+ */
+#include "gpu_loader.h"
+
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- cuda.h, CUDA 13.0 ---- */
+typedef int CUresult; /* enum cudaError_enum */
+typedef int CUdevice;
+typedef void *CUcontext, *CUmodule, *CUfunction, *CUstream, *CUevent;
+typedef unsigned long long CUdeviceptr; /* CUdeviceptr_v2 on 64-bit hosts */
+enum {
+  CUDA_SUCCESS = 0,
+  CUDA_ERROR_OUT_OF_MEMORY = 2,
+  CUDA_ERROR_STUB_LIBRARY = 34,
+  CUDA_ERROR_DEVICE_UNAVAILABLE = 46,
+  CUDA_ERROR_NO_DEVICE = 100,
+  CUDA_ERROR_SYSTEM_DRIVER_MISMATCH = 803,
+  CUDA_ERROR_COMPAT_NOT_SUPPORTED_ON_DEVICE = 804,
+};
+enum { /* CUdevice_attribute */
+  CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK = 1,
+  CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT = 16,
+  CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE = 38,
+  CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR = 75,
+  CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR = 76,
+  CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN = 97,
+};
+enum { CU_STREAM_NON_BLOCKING = 0x1, CU_EVENT_DEFAULT = 0x0 };
+enum { CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8 };
+
+/* X(field, symbol, fallback symbol or NULL, return, parameters) */
+#define GPU_DRIVER_FUNCS(X)                                                                   \
+  X(Init, "cuInit", NULL, CUresult, (unsigned))                                               \
+  X(DriverGetVersion, "cuDriverGetVersion", NULL, CUresult, (int *))                         \
+  X(DeviceGetCount, "cuDeviceGetCount", NULL, CUresult, (int *))                             \
+  X(DeviceGet, "cuDeviceGet", NULL, CUresult, (CUdevice *, int))                             \
+  X(DeviceGetName, "cuDeviceGetName", NULL, CUresult, (char *, int, CUdevice))               \
+  X(DeviceGetAttribute, "cuDeviceGetAttribute", NULL, CUresult, (int *, int, CUdevice))      \
+  X(DeviceTotalMem, "cuDeviceTotalMem_v2", NULL, CUresult, (size_t *, CUdevice))             \
+  X(PrimaryCtxRetain, "cuDevicePrimaryCtxRetain", NULL, CUresult, (CUcontext *, CUdevice))   \
+  X(PrimaryCtxRelease, "cuDevicePrimaryCtxRelease_v2", NULL, CUresult, (CUdevice))           \
+  X(CtxSetCurrent, "cuCtxSetCurrent", NULL, CUresult, (CUcontext))                           \
+  X(MemGetInfo, "cuMemGetInfo_v2", NULL, CUresult, (size_t *, size_t *))                     \
+  X(MemAlloc, "cuMemAlloc_v2", NULL, CUresult, (CUdeviceptr *, size_t))                      \
+  X(MemFree, "cuMemFree_v2", NULL, CUresult, (CUdeviceptr))                                  \
+  X(MemcpyHtoDAsync, "cuMemcpyHtoDAsync_v2", NULL, CUresult,                                 \
+    (CUdeviceptr, const void *, size_t, CUstream))                                           \
+  X(MemcpyDtoHAsync, "cuMemcpyDtoHAsync_v2", NULL, CUresult,                                 \
+    (void *, CUdeviceptr, size_t, CUstream))                                                 \
+  X(MemcpyDtoDAsync, "cuMemcpyDtoDAsync_v2", NULL, CUresult,                                 \
+    (CUdeviceptr, CUdeviceptr, size_t, CUstream))                                            \
+  X(MemsetD8Async, "cuMemsetD8Async", NULL, CUresult,                                        \
+    (CUdeviceptr, unsigned char, size_t, CUstream))                                          \
+  X(MemsetD32Async, "cuMemsetD32Async", NULL, CUresult,                                      \
+    (CUdeviceptr, unsigned, size_t, CUstream))                                               \
+  X(StreamCreate, "cuStreamCreate", NULL, CUresult, (CUstream *, unsigned))                  \
+  X(StreamDestroy, "cuStreamDestroy_v2", NULL, CUresult, (CUstream))                         \
+  X(StreamSynchronize, "cuStreamSynchronize", NULL, CUresult, (CUstream))                    \
+  X(ModuleLoadData, "cuModuleLoadData", NULL, CUresult, (CUmodule *, const void *))          \
+  X(ModuleUnload, "cuModuleUnload", NULL, CUresult, (CUmodule))                              \
+  X(ModuleGetFunction, "cuModuleGetFunction", NULL, CUresult,                                \
+    (CUfunction *, CUmodule, const char *))                                                  \
+  X(FuncSetAttribute, "cuFuncSetAttribute", NULL, CUresult, (CUfunction, int, int))          \
+  X(LaunchKernel, "cuLaunchKernel", NULL, CUresult,                                          \
+    (CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,       \
+     CUstream, void **, void **))                                                            \
+  X(EventCreate, "cuEventCreate", NULL, CUresult, (CUevent *, unsigned))                     \
+  X(EventRecord, "cuEventRecord", NULL, CUresult, (CUevent, CUstream))                       \
+  X(EventSynchronize, "cuEventSynchronize", NULL, CUresult, (CUevent))                       \
+  X(EventElapsedTime, "cuEventElapsedTime_v2", "cuEventElapsedTime", CUresult,               \
+    (float *, CUevent, CUevent))                                                             \
+  X(EventDestroy, "cuEventDestroy_v2", NULL, CUresult, (CUevent))                            \
+  X(GetErrorName, "cuGetErrorName", NULL, CUresult, (CUresult, const char **))               \
+  X(GetErrorString, "cuGetErrorString", NULL, CUresult, (CUresult, const char **))
+
+static struct {
+#define X(f, sym, fb, ret, params) ret(*f) params;
+  GPU_DRIVER_FUNCS(X)
+#undef X
+} cu;
+
+static pthread_once_t load_once = PTHREAD_ONCE_INIT;
+static int load_rc = -1;
+static char load_err[512];
+
+struct gpu_ctx {
+  CUdevice dev;
+  CUcontext ctx;
+  CUstream stream;
+  gpu_device_info info;
+  size_t held, peak;      /* bytes from gpu_alloc now, and at most */
+  struct alloc_rec *recs; /* (n_recs) live allocations, for gpu_free's accounting */
+  size_t n_recs, cap_recs;
+  const char *last_kernel; /* the last launch, named when a later sync fails */
+  char err[1024];
+};
+
+static void fmt(char *buf, size_t len, const char *f, ...) {
+  va_list ap;
+  va_start(ap, f);
+  vsnprintf(buf, len, f, ap);
+  va_end(ap);
+}
+
+const char *gpu_result_string(int r, char *buf, size_t len) {
+  const char *name = NULL, *str = NULL;
+  if (cu.GetErrorName) cu.GetErrorName(r, &name);
+  if (cu.GetErrorString) cu.GetErrorString(r, &str);
+  if (name && str) fmt(buf, len, "%s: %s", name, str);
+  else fmt(buf, len, "CUDA driver error %d", r);
+  return buf;
+}
+
+const char *gpu_fmt_bytes(size_t b, char *buf, size_t len) {
+  if (b < 1024) fmt(buf, len, "%zu B", b);
+  else if (b < (size_t)1 << 20) fmt(buf, len, "%.2f KiB", b / 1024.0);
+  else if (b < (size_t)1 << 30) fmt(buf, len, "%.2f MiB", b / 1048576.0);
+  else fmt(buf, len, "%.2f GiB", b / 1073741824.0);
+  return buf;
+}
+
+/* A symbol, or its older name when the driver predates the newer one. */
+static void *resolve(void *h, const char *sym, const char *fallback) {
+  void *p = dlsym(h, sym);
+  return p || !fallback ? p : dlsym(h, fallback);
+}
+
+static void load_driver(void) {
+  const char *path = getenv("MOEC_LIBCUDA");
+  const char *lib = path && *path ? path : "libcuda.so.1";
+  void *h = dlopen(lib, RTLD_NOW | RTLD_LOCAL);
+  if (!h) {
+    if (path && *path) fmt(load_err, sizeof load_err, "MOEC_LIBCUDA=%s cannot be loaded (%s); use --device cpu", path, dlerror());
+    else fmt(load_err, sizeof load_err, "libcuda.so.1 not found (no NVIDIA driver); use --device cpu");
+    return;
+  }
+#define X(f, sym, fb, ret, params)                                                           \
+  *(void **)&cu.f = resolve(h, sym, fb);                                                    \
+  if (!cu.f) {                                                                               \
+    fmt(load_err, sizeof load_err, "%s lacks %s (NVIDIA driver too old: moec needs CUDA 12.0 or newer); use --device cpu", lib, sym); \
+    memset(&cu, 0, sizeof cu);                                                               \
+    return;                                                                                  \
+  }
+  GPU_DRIVER_FUNCS(X)
+#undef X
+  CUresult r = cu.Init(0);
+  if (r != CUDA_SUCCESS) {
+    char rs[256];
+    gpu_result_string(r, rs, sizeof rs);
+    const char *why = r == CUDA_ERROR_NO_DEVICE ? "no CUDA-capable GPU is visible"
+                    : r == CUDA_ERROR_STUB_LIBRARY ? "the libcuda.so.1 found is the toolkit's stub, not a driver"
+                    : r == CUDA_ERROR_SYSTEM_DRIVER_MISMATCH || r == CUDA_ERROR_COMPAT_NOT_SUPPORTED_ON_DEVICE
+                        ? "the user-space driver does not match the kernel module"
+                    : r == CUDA_ERROR_DEVICE_UNAVAILABLE ? "the GPU is busy or unavailable"
+                                                         : "the driver failed to initialise";
+    fmt(load_err, sizeof load_err, "cuInit failed: %s (%s); use --device cpu", why, rs);
+    return;
+  }
+  load_rc = 0;
+}
+
+int gpu_driver_load(char *err, size_t errlen) {
+  pthread_once(&load_once, load_driver);
+  if (load_rc != 0 && err) fmt(err, errlen, "%s", load_err);
+  return load_rc;
+}
+
+int gpu_device_count(int *n, char *err, size_t errlen) {
+  *n = 0;
+  if (gpu_driver_load(err, errlen)) return -1;
+  CUresult r = cu.DeviceGetCount(n);
+  if (r != CUDA_SUCCESS) {
+    char rs[256];
+    fmt(err, errlen, "cuDeviceGetCount failed (%s)", gpu_result_string(r, rs, sizeof rs));
+    return -1;
+  }
+  return 0;
+}
+
+/* Records a failed driver call in the context; returns -1. */
+static int fail(gpu_ctx *g, CUresult r, const char *what) {
+  char rs[256];
+  fmt(g->err, sizeof g->err, "%s failed (%s)", what, gpu_result_string(r, rs, sizeof rs));
+  return -1;
+}
+
+#define CALL(g, expr, what)                                                                  \
+  do {                                                                                       \
+    CUresult r_ = (expr);                                                                    \
+    if (r_ != CUDA_SUCCESS) return fail((g), r_, (what));                                    \
+  } while (0)
+
+static int query(gpu_ctx *g) {
+  gpu_device_info *d = &g->info;
+  struct { int *dst, attr; } attrs[] = {
+      {&d->cc_major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR},
+      {&d->cc_minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR},
+      {&d->sm_count, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT},
+      {&d->l2_bytes, CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE},
+      {&d->smem_optin, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN},
+      {&d->max_threads, CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK},
+  };
+  CALL(g, cu.DeviceGetName(d->name, (int)sizeof d->name, g->dev), "cuDeviceGetName");
+  for (size_t i = 0; i < sizeof attrs / sizeof attrs[0]; i++)
+    CALL(g, cu.DeviceGetAttribute(attrs[i].dst, attrs[i].attr, g->dev), "cuDeviceGetAttribute");
+  CALL(g, cu.DeviceTotalMem(&d->total_mem, g->dev), "cuDeviceTotalMem");
+  CALL(g, cu.DriverGetVersion(&d->driver_version), "cuDriverGetVersion");
+  /* The arch-specific target (sm_90a) unlocks wgmma and setmaxnreg on Hopper; such a cubin
+   * runs on exactly that compute capability, which is the device it was built for. */
+  fmt(d->arch, sizeof d->arch, "sm_%d%d%s", d->cc_major, d->cc_minor, d->cc_major >= 9 ? "a" : "");
+  return 0;
+}
+
+gpu_ctx *gpu_open(int ordinal, char *err, size_t errlen) {
+  int n;
+  if (gpu_device_count(&n, err, errlen)) return NULL;
+  if (n == 0) {
+    fmt(err, errlen, "the NVIDIA driver sees no GPU; use --device cpu");
+    return NULL;
+  }
+  if (ordinal < 0 || ordinal >= n) {
+    fmt(err, errlen, "GPU %d asked for, but there %s %d (0..%d)", ordinal, n == 1 ? "is" : "are", n, n - 1);
+    return NULL;
+  }
+  gpu_ctx *g = calloc(1, sizeof *g);
+  if (!g) {
+    fmt(err, errlen, "out of host memory");
+    return NULL;
+  }
+  g->info.ordinal = ordinal;
+  CUresult r = cu.DeviceGet(&g->dev, ordinal);
+  if (r == CUDA_SUCCESS) r = cu.PrimaryCtxRetain(&g->ctx, g->dev);
+  if (r == CUDA_SUCCESS) r = cu.CtxSetCurrent(g->ctx);
+  if (r == CUDA_SUCCESS) r = cu.StreamCreate(&g->stream, CU_STREAM_NON_BLOCKING);
+  if (r != CUDA_SUCCESS) fail(g, r, "creating a context on the GPU");
+  if (r != CUDA_SUCCESS || query(g)) {
+    fmt(err, errlen, "GPU %d: %s", ordinal, g->err);
+    gpu_close(g);
+    return NULL;
+  }
+  return g;
+}
+
+void gpu_close(gpu_ctx *g) {
+  if (!g) return;
+  if (g->stream) cu.StreamDestroy(g->stream);
+  if (g->ctx) cu.PrimaryCtxRelease(g->dev);
+  free(g->recs);
+  free(g);
+}
+
+const gpu_device_info *gpu_info(const gpu_ctx *g) { return &g->info; }
+const char *gpu_error(const gpu_ctx *g) { return g->err; }
+void *gpu_stream(const gpu_ctx *g) { return g->stream; }
+size_t gpu_peak_bytes(const gpu_ctx *g) { return g->peak; }
+
+int gpu_mem_info(gpu_ctx *g, size_t *free_b, size_t *total_b) {
+  CALL(g, cu.MemGetInfo(free_b, total_b), "cuMemGetInfo");
+  return 0;
+}
+
+void gpu_oom_message(char *buf, size_t len, const char *what, size_t asked, size_t free_b,
+                     size_t total_b, const char *device) {
+  char a[32], f[32], t[32];
+  fmt(buf, len,
+      "out of GPU memory allocating %s: asked %s, %s free of %s on %s; use a smaller seq or "
+      "batch (--set seq=N, --set batch=N), or precision = mxfp8",
+      what && *what ? what : "a buffer", gpu_fmt_bytes(asked, a, sizeof a),
+      gpu_fmt_bytes(free_b, f, sizeof f), gpu_fmt_bytes(total_b, t, sizeof t), device);
+}
+
+/* Allocation sizes are remembered so that gpu_free can keep the held/peak counts. */
+typedef struct alloc_rec {
+  gpu_ptr p;
+  size_t bytes;
+} alloc_rec;
+
+int gpu_alloc(gpu_ctx *g, gpu_ptr *p, size_t bytes, const char *what) {
+  *p = 0;
+  CUdeviceptr d = 0;
+  CUresult r = cu.MemAlloc(&d, bytes ? bytes : 1);
+  if (r == CUDA_ERROR_OUT_OF_MEMORY) {
+    size_t fr = 0, tot = g->info.total_mem;
+    cu.MemGetInfo(&fr, &tot);
+    gpu_oom_message(g->err, sizeof g->err, what, bytes, fr, tot, g->info.name);
+    return -1;
+  }
+  if (r != CUDA_SUCCESS) {
+    char rs[256];
+    fmt(g->err, sizeof g->err, "cuMemAlloc of %zu bytes for %s failed (%s)", bytes, what ? what : "a buffer",
+        gpu_result_string(r, rs, sizeof rs));
+    return -1;
+  }
+  if (g->n_recs == g->cap_recs) {
+    size_t nc = g->cap_recs ? 2 * g->cap_recs : 64;
+    alloc_rec *nr = realloc(g->recs, nc * sizeof *nr);
+    if (!nr) {
+      cu.MemFree(d);
+      fmt(g->err, sizeof g->err, "out of host memory");
+      return -1;
+    }
+    g->recs = nr;
+    g->cap_recs = nc;
+  }
+  g->recs[g->n_recs++] = (alloc_rec){d, bytes};
+  g->held += bytes;
+  if (g->held > g->peak) g->peak = g->held;
+  *p = d;
+  return 0;
+}
+
+void gpu_free(gpu_ctx *g, gpu_ptr p) {
+  if (!p) return;
+  for (size_t i = g->n_recs; i-- > 0;) /* recent allocations are freed first */
+    if (g->recs[i].p == p) {
+      g->held -= g->recs[i].bytes;
+      g->recs[i] = g->recs[--g->n_recs];
+      break;
+    }
+  cu.MemFree(p);
+}
+
+int gpu_sync(gpu_ctx *g) {
+  CUresult r = cu.StreamSynchronize(g->stream);
+  if (r != CUDA_SUCCESS) {
+    char rs[256], what[160];
+    fmt(what, sizeof what, "the GPU stream (last kernel launched: %s)", g->last_kernel ? g->last_kernel : "none");
+    fmt(g->err, sizeof g->err, "%s failed (%s)", what, gpu_result_string(r, rs, sizeof rs));
+    return -1;
+  }
+  return 0;
+}
+
+int gpu_upload(gpu_ctx *g, gpu_ptr dst, const void *src, size_t bytes) {
+  if (!bytes) return 0;
+  CALL(g, cu.MemcpyHtoDAsync(dst, src, bytes, g->stream), "cuMemcpyHtoDAsync");
+  return gpu_sync(g);
+}
+
+int gpu_download(gpu_ctx *g, void *dst, gpu_ptr src, size_t bytes) {
+  if (!bytes) return 0;
+  CALL(g, cu.MemcpyDtoHAsync(dst, src, bytes, g->stream), "cuMemcpyDtoHAsync");
+  return gpu_sync(g);
+}
+
+int gpu_copy(gpu_ctx *g, gpu_ptr dst, gpu_ptr src, size_t bytes) {
+  if (!bytes) return 0;
+  CALL(g, cu.MemcpyDtoDAsync(dst, src, bytes, g->stream), "cuMemcpyDtoDAsync");
+  return 0;
+}
+
+int gpu_memset8(gpu_ctx *g, gpu_ptr dst, unsigned char v, size_t n) {
+  if (!n) return 0;
+  CALL(g, cu.MemsetD8Async(dst, v, n, g->stream), "cuMemsetD8Async");
+  return 0;
+}
+
+int gpu_memset32(gpu_ctx *g, gpu_ptr dst, uint32_t v, size_t n) {
+  if (!n) return 0;
+  CALL(g, cu.MemsetD32Async(dst, v, n, g->stream), "cuMemsetD32Async");
+  return 0;
+}
+
+int gpu_module_load(gpu_ctx *g, const void *image, void **module, const char *name) {
+  CUresult r = cu.ModuleLoadData(module, image);
+  if (r != CUDA_SUCCESS) {
+    char what[160];
+    fmt(what, sizeof what, "loading kernel module %s", name ? name : "?");
+    return fail(g, r, what);
+  }
+  return 0;
+}
+
+void gpu_module_unload(gpu_ctx *g, void *module) {
+  (void)g;
+  if (module) cu.ModuleUnload(module);
+}
+
+int gpu_function(gpu_ctx *g, void *module, const char *name, void **fn) {
+  CUresult r = cu.ModuleGetFunction(fn, module, name);
+  if (r != CUDA_SUCCESS) {
+    char what[160];
+    fmt(what, sizeof what, "finding kernel %s", name);
+    return fail(g, r, what);
+  }
+  return 0;
+}
+
+int gpu_launch(gpu_ctx *g, void *fn, const char *name, const unsigned grid[3], const unsigned block[3],
+               unsigned smem, void **args) {
+  g->last_kernel = name;
+  if (grid[0] == 0 || grid[1] == 0 || grid[2] == 0) return 0; /* nothing to do: not an error */
+  CUresult r = cu.LaunchKernel(fn, grid[0], grid[1], grid[2], block[0], block[1], block[2], smem, g->stream, args, NULL);
+  if (r != CUDA_SUCCESS) {
+    char what[256];
+    fmt(what, sizeof what, "launching %s (grid %u,%u,%u block %u,%u,%u smem %u)", name, grid[0], grid[1], grid[2],
+        block[0], block[1], block[2], smem);
+    return fail(g, r, what);
+  }
+  return 0;
+}
+
+int gpu_set_max_smem(gpu_ctx *g, void *fn, int bytes) {
+  CALL(g, cu.FuncSetAttribute(fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, bytes), "cuFuncSetAttribute");
+  return 0;
+}
+
+int gpu_timer_start(gpu_ctx *g, gpu_timer *t) {
+  if (!t->start) CALL(g, cu.EventCreate(&t->start, CU_EVENT_DEFAULT), "cuEventCreate");
+  if (!t->stop) CALL(g, cu.EventCreate(&t->stop, CU_EVENT_DEFAULT), "cuEventCreate");
+  CALL(g, cu.EventRecord(t->start, g->stream), "cuEventRecord");
+  return 0;
+}
+
+void gpu_timer_free(gpu_ctx *g, gpu_timer *t) {
+  (void)g;
+  if (t->start) cu.EventDestroy(t->start);
+  if (t->stop) cu.EventDestroy(t->stop);
+  t->start = t->stop = NULL;
+}
+
+int gpu_timer_stop(gpu_ctx *g, gpu_timer *t, float *ms) {
+  CALL(g, cu.EventRecord(t->stop, g->stream), "cuEventRecord");
+  CALL(g, cu.EventSynchronize(t->stop), "cuEventSynchronize");
+  CALL(g, cu.EventElapsedTime(ms, t->start, t->stop), "cuEventElapsedTime");
+  return 0;
+}

@@ -1,0 +1,99 @@
+/* gpu_loader.h -- the CUDA driver API, loaded at run time: device query, one context and one
+ * stream per device, device memory, modules and kernel launches.
+ *
+ * Nothing here includes a CUDA header or links a CUDA library: libcuda.so.1 is dlopen()ed on
+ * first use, so the moec binary starts on a machine with no NVIDIA driver and says exactly
+ * what is missing when a GPU is asked for. The few driver types are redeclared in
+ * gpu_loader.c with the values of CUDA 13.0's cuda.h.
+ *
+ * Errors. Functions return 0 or -1. Before a context exists the message goes into the
+ * caller's err buffer; afterwards into the context (gpu_error). Messages are the text that
+ * follows "moec: error: --device cuda: ", e.g. "libcuda.so.1 not found (no NVIDIA driver);
+ * use --device cpu".
+ *
+ * Environment. MOEC_LIBCUDA=PATH loads that library instead of libcuda.so.1 (a test driver,
+ * or a driver outside the loader's path).
+ */
+#ifndef MOEC_GPU_LOADER_H
+#define MOEC_GPU_LOADER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef uint64_t gpu_ptr; /* CUdeviceptr: a device address, 0 = none */
+typedef struct gpu_ctx gpu_ctx;
+
+typedef struct {
+  int ordinal;
+  char name[256];
+  int cc_major, cc_minor; /* compute capability, 9.0 on Hopper */
+  int sm_count;
+  int l2_bytes;
+  int smem_optin;         /* most dynamic shared memory a block may opt in to, bytes */
+  int max_threads;        /* per block */
+  size_t total_mem;       /* bytes */
+  int driver_version;     /* 13000 = CUDA 13.0 */
+  char arch[16];          /* NVRTC target for this device: "sm_90a" (the 'a' from sm_90 on) */
+} gpu_device_info;
+
+/* Loads the driver and runs cuInit, once per process (later calls repeat the first result). */
+int gpu_driver_load(char *err, size_t errlen);
+/* Number of CUDA devices (0 when the driver loads but sees none). */
+int gpu_device_count(int *n, char *err, size_t errlen);
+
+/* Opens device `ordinal`: retains its primary context, makes it current on this thread and
+ * creates one non-blocking stream, on which every async call below is queued. */
+gpu_ctx *gpu_open(int ordinal, char *err, size_t errlen);
+void gpu_close(gpu_ctx *g);
+const gpu_device_info *gpu_info(const gpu_ctx *g);
+const char *gpu_error(const gpu_ctx *g); /* the last failure's message */
+void *gpu_stream(const gpu_ctx *g);      /* the CUstream */
+
+/* Device memory. gpu_alloc names what it allocates: on failure the message gives the bytes
+ * asked and free, and a hint, e.g. "out of GPU memory allocating activations: asked 12.00
+ * GiB, 4.10 GiB free of 139.81 GiB on NVIDIA H200; use a smaller seq or batch, or
+ * precision = mxfp8". */
+int gpu_mem_info(gpu_ctx *g, size_t *free_bytes, size_t *total_bytes);
+int gpu_alloc(gpu_ctx *g, gpu_ptr *p, size_t bytes, const char *what);
+void gpu_free(gpu_ctx *g, gpu_ptr p);
+size_t gpu_peak_bytes(const gpu_ctx *g); /* most bytes held by gpu_alloc at once */
+/* Formats the out-of-memory message (used by gpu_alloc; public for the memory planner,
+ * which checks its predicted peak before allocating anything). */
+void gpu_oom_message(char *buf, size_t len, const char *what, size_t asked, size_t free_bytes,
+                     size_t total_bytes, const char *device);
+
+/* Copies and fills on the context's stream. upload and download wait for the stream, so
+ * host buffers may be reused on return; copy and the memsets are asynchronous. */
+int gpu_upload(gpu_ctx *g, gpu_ptr dst, const void *src, size_t bytes);
+int gpu_download(gpu_ctx *g, void *dst, gpu_ptr src, size_t bytes);
+int gpu_copy(gpu_ctx *g, gpu_ptr dst, gpu_ptr src, size_t bytes);
+int gpu_memset8(gpu_ctx *g, gpu_ptr dst, unsigned char value, size_t count);
+int gpu_memset32(gpu_ctx *g, gpu_ptr dst, uint32_t value, size_t count);
+int gpu_sync(gpu_ctx *g); /* waits for the stream; reports a failed kernel by name */
+
+/* Modules: a cubin (or NUL-terminated PTX, which the driver compiles). */
+int gpu_module_load(gpu_ctx *g, const void *image, void **module, const char *name);
+void gpu_module_unload(gpu_ctx *g, void *module);
+int gpu_function(gpu_ctx *g, void *module, const char *name, void **fn);
+/* cuLaunchKernel on the stream; args[i] points at the i-th kernel parameter. `name` is kept
+ * so that a later asynchronous failure can say which kernel it followed. */
+int gpu_launch(gpu_ctx *g, void *fn, const char *name, const unsigned grid[3],
+               const unsigned block[3], unsigned smem_bytes, void **args);
+/* Raises a kernel's dynamic shared memory limit (above 48 KiB needs this). */
+int gpu_set_max_smem(gpu_ctx *g, void *fn, int bytes);
+
+/* Timing with events on the stream: start, then stop returns the milliseconds between. */
+typedef struct {
+  void *start, *stop;
+} gpu_timer;
+int gpu_timer_start(gpu_ctx *g, gpu_timer *t);
+int gpu_timer_stop(gpu_ctx *g, gpu_timer *t, float *ms);
+void gpu_timer_free(gpu_ctx *g, gpu_timer *t);
+
+/* "CUDA_ERROR_OUT_OF_MEMORY: out of memory" for a CUresult, via the driver when loaded. */
+const char *gpu_result_string(int result, char *buf, size_t len);
+
+/* Human-readable byte count: "512 B", "1.50 MiB", "12.00 GiB". */
+const char *gpu_fmt_bytes(size_t bytes, char *buf, size_t len);
+
+#endif
