@@ -633,6 +633,21 @@ static int exec_ADAMW(gx *x, int id) {
   return ck(x, id, rt_cuda_adamw_step(KX, p->w, V(id, 1)->p, p->m, p->v, x->rt->ps->p[i].numel, V(id, 2)->p, &hp));
 }
 
+/* The ops of the fusion passes (group-linear, grouped-mlp, mxfp8) have no GPU kernels yet:
+ * the grouped GEMM and the fused GroupedMLP are the next GPU issue. Until then `moec train
+ * --device cuda` runs the step without those passes (driver/moec.c), and a graph that has
+ * them stops here with a message. */
+#define NO_GPU_KERNEL(ID)                                                                             \
+  static int exec_##ID(gx *x, int id) {                                                               \
+    return fail(x, id, "no GPU kernel for this op yet; run without the fusion passes "                \
+                       "(--disable-pass=group-linear,grouped-mlp,mxfp8) or with --device cpu");        \
+  }
+NO_GPU_KERNEL(EXPERT_COUNTS) NO_GPU_KERNEL(EXPERT_SORT) NO_GPU_KERNEL(EXPERT_PERMUTE) NO_GPU_KERNEL(EXPERT_UNPERMUTE)
+NO_GPU_KERNEL(EXPERT_PROBS) NO_GPU_KERNEL(STACK) NO_GPU_KERNEL(GROUPED_LINEAR) NO_GPU_KERNEL(GROUPED_MLP)
+NO_GPU_KERNEL(PAD_COLS) NO_GPU_KERNEL(UNSTACK) NO_GPU_KERNEL(GROUPED_LINEAR_DGRAD) NO_GPU_KERNEL(GROUPED_LINEAR_WGRAD)
+NO_GPU_KERNEL(GROUPED_COLSUM) NO_GPU_KERNEL(GROUPED_MLP_BWD) NO_GPU_KERNEL(EXPERT_WEIGHT_GRAD)
+NO_GPU_KERNEL(EXPERT_PROBS_BWD) NO_GPU_KERNEL(MXFP8_QUANTIZE) NO_GPU_KERNEL(MXFP8_DEQUANTIZE)
+
 typedef int (*exec_fn)(gx *, int);
 static const exec_fn exec_table[] = {
 #define OP(id, name, min_in, max_in, cg) [OP_##id] = exec_##id,
