@@ -17,6 +17,7 @@
 #include "gpu_exec.h"
 #include "gpu_loader.h"
 #include "params.h"
+#include "pipeline.h"
 
 static double now_s(void) {
   struct timespec ts;
@@ -25,13 +26,8 @@ static double now_s(void) {
 }
 
 int train_param_is_linear_weight(const ir_graph *g, int id) {
-  for (int i = id + 1; i < g->n_nodes; i++) {
-    const ir_node *n = &g->nodes[i];
-    if (n->n_in < 2) continue;
-    if (n->op == OP_LINEAR && n->in[1] == id) return 1;
-    if (n->op == OP_LINEAR && g->nodes[n->in[1]].op == OP_CAST && g->nodes[n->in[1]].in[0] == id) return 1;
-  }
-  return 0;
+  /* linear weights, directly or through a cast, and the expert weights group-linear stacks */
+  return pass_param_is_linear_weight(g, id);
 }
 
 /* ---- checkpoints: moec's [in, out] linear weights <-> Hugging Face's [out, in] ---- */
