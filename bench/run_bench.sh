@@ -22,7 +22,7 @@ for m in "${models[@]}"; do
     --data data/chr20_slice.fa.gz --log "$LOGDIR/moec_$m.jsonl" >"$LOGDIR/moec_$m.out" 2>&1
   moec_tps=$(grep '"tokens_per_s"' "$LOGDIR/moec_$m.jsonl" | tail -n +4 | sed 's/.*"tokens_per_s":\([0-9.]*\).*/\1/' |
              awk '{s+=$1; n++} END {if (n) printf "%.0f", s/n; else print "nan"}')
-  peak=$(sed -n 's/^peak GPU memory: //p' "$LOGDIR/moec_$m.out")
+  peak=$(sed -n "s/^peak GPU memory: \([^(]*\) .*/\1/p" "$LOGDIR/moec_$m.out")
   python3 "$PEER" --preset "$m" --seq "$S" >"$LOGDIR/peer_$m.out" 2>&1
   peer_tps=$(grep -o '"tokens_per_s": *[0-9.]*' "$LOGDIR/peer_$m.out" | tail -1 | sed 's/.*: *//')
   [ -n "$peer_tps" ] || peer_tps=$(grep -o '"tok_per_s": *[0-9.]*' "$LOGDIR/peer_$m.out" | tail -1 | sed 's/.*: *//')

@@ -10,6 +10,7 @@
 #include "pipeline.h"
 #include "bundle.h"
 #include "gpu_loader.h"
+#include "memplan.h"
 #include "train.h"
 
 #include <unistd.h>
@@ -356,6 +357,12 @@ static int cmd_compile(int argc, char **argv) {
     }
     printf("wrote %s: trains %s (%d source file%s, data %s); run './%s --help'\n", c.out, g->model_name, b.sources.n,
            b.sources.n == 1 ? "" : "s", g->cfg.data, c.out);
+    memplan mp;
+    memplan_estimate(g, &mp);
+    char t[32], p[32], o[32], a[32];
+    printf("predicted peak GPU memory: %s (weights %s, AdamW moments %s, activations %s at most)\n",
+           gpu_fmt_bytes((size_t)mp.total, t, sizeof t), gpu_fmt_bytes((size_t)mp.params, p, sizeof p),
+           gpu_fmt_bytes((size_t)mp.optimizer, o, sizeof o), gpu_fmt_bytes((size_t)mp.activations, a, sizeof a));
     rc = 0;
   }
 done:

@@ -16,6 +16,7 @@
 #include "data.h"
 #include "gpu_exec.h"
 #include "gpu_loader.h"
+#include "memplan.h"
 #include "params.h"
 #include "pipeline.h"
 
@@ -353,7 +354,11 @@ int moec_train(const ir_graph *fwd, const ir_graph *step_g, const train_opts *o)
             now_s() - t0);
   if (rc == 0 && ex.rt) {
     char b[32];
-    fprintf(stderr, "peak GPU memory: %s\n", gpu_fmt_bytes(gpu_runtime_peak_bytes(ex.rt), b, sizeof b));
+    memplan mp;
+    memplan_estimate(step_g, &mp);
+    char pb[32];
+    fprintf(stderr, "peak GPU memory: %s (predicted from liveness: %s)\n", gpu_fmt_bytes(gpu_runtime_peak_bytes(ex.rt), b, sizeof b),
+            gpu_fmt_bytes((size_t)mp.total, pb, sizeof pb));
   }
 done:
   if (logf && fclose(logf) != 0) {
