@@ -205,6 +205,8 @@ char *cg_emit(cg_family f, const cg_variant *v, int emu) {
             "enum { COLSUM_ROWS = %d, ROUTE_CHUNK = %d, MAX_E = %d, CE_ROWS = %d, GN_PARTS = %d };\n\n",
             CK_EINDEX, CG_NT_EW, CG_NT_ROW, CG_NT_RED, CG_NT_ROUTE, CG_NT_CE, CG_NT_MX, CG_COLSUM_ROWS,
             CG_ROUTE_CHUNK, CG_MAX_E, CG_CE_ROWS, CG_GN_PARTS);
+  /* names the cubin: found by cuModuleGetGlobal, and by the CPU emulator (scripts/cuda_emu) */
+  cg_printf(&b, "extern \"C\" __device__ const char moec_module[] = \"moec-module:%s\";\n\n", mod);
   families[f].emit(&b, v, emu);
   return cg_buf_take(&b);
 }

@@ -1,12 +1,60 @@
-/* gpu_blas.c -- cuBLASLt through dlopen. No CUDA header is included: the handful of types
- * and enum values below are those of CUDA 13.0's cublasLt.h, cublas_api.h and
+/* gpu_blas.c -- dlopen of cuBLASLt and its entry points (see gpu_blas.h), and the row-major
+ * GEMMs on top. The enum values below are those of CUDA 13.0's cublasLt.h, cublas_api.h and
  * library_types.h (cited by name). */
 #include "gpu_blas.h"
 
 #include <dlfcn.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+static gpu_blas_api api;
+static pthread_once_t once = PTHREAD_ONCE_INIT;
+static int ok;
+static char load_err[1024];
+
+static void load(void) {
+  static const char *const names[] = {"libcublasLt.so.13", "libcublasLt.so.12"};
+  char tried[768], path[512];
+  void *h = gpu_dlopen_lib("MOEC_LIBCUBLASLT", names, 2, path, sizeof path, tried, sizeof tried);
+  if (!h) {
+    snprintf(load_err, sizeof load_err, "libcublasLt not found (tried %s); install cuBLAS, or set CUDA_HOME or MOEC_LIBCUBLASLT", tried);
+    return;
+  }
+  static const struct {
+    void **slot;
+    const char *sym;
+  } syms[] = {
+      {(void **)&api.GetVersion, "cublasLtGetVersion"},
+      {(void **)&api.Create, "cublasLtCreate"},
+      {(void **)&api.Destroy, "cublasLtDestroy"},
+      {(void **)&api.MatmulDescCreate, "cublasLtMatmulDescCreate"},
+      {(void **)&api.MatmulDescDestroy, "cublasLtMatmulDescDestroy"},
+      {(void **)&api.MatmulDescSetAttribute, "cublasLtMatmulDescSetAttribute"},
+      {(void **)&api.MatrixLayoutCreate, "cublasLtMatrixLayoutCreate"},
+      {(void **)&api.MatrixLayoutDestroy, "cublasLtMatrixLayoutDestroy"},
+      {(void **)&api.MatrixLayoutSetAttribute, "cublasLtMatrixLayoutSetAttribute"},
+      {(void **)&api.MatmulPreferenceCreate, "cublasLtMatmulPreferenceCreate"},
+      {(void **)&api.MatmulPreferenceDestroy, "cublasLtMatmulPreferenceDestroy"},
+      {(void **)&api.MatmulPreferenceSetAttribute, "cublasLtMatmulPreferenceSetAttribute"},
+      {(void **)&api.MatmulAlgoGetHeuristic, "cublasLtMatmulAlgoGetHeuristic"},
+      {(void **)&api.Matmul, "cublasLtMatmul"},
+      {(void **)&api.GetStatusString, "cublasLtGetStatusString"},
+  };
+  for (size_t i = 0; i < sizeof syms / sizeof syms[0]; i++)
+    if (!(*syms[i].slot = dlsym(h, syms[i].sym))) {
+      snprintf(load_err, sizeof load_err, "%s lacks %s (cuBLAS too old: moec needs CUDA 12.0 or newer)", path, syms[i].sym);
+      return;
+    }
+  ok = 1;
+}
+
+const gpu_blas_api *gpu_blas_load(char *err, size_t errlen) {
+  pthread_once(&once, load);
+  if (!ok && err) snprintf(err, errlen, "%s", load_err);
+  return ok ? &api : NULL;
+}
 
 enum { CUDA_R_32F = 0, CUDA_R_16BF = 14 };             /* library_types.h cudaDataType */
 enum { CUBLAS_COMPUTE_32F = 68 };                      /* cublas_api.h cublasComputeType_t */
@@ -15,105 +63,36 @@ enum { DESC_TRANSA = 3, DESC_TRANSB = 4 };             /* cublasLtMatmulDescAttr
 enum { LAYOUT_BATCH_COUNT = 5, LAYOUT_STRIDED_BATCH_OFFSET = 6 }; /* cublasLtMatrixLayoutAttribute_t */
 enum { PREF_MAX_WORKSPACE_BYTES = 1 };                 /* cublasLtMatmulPreferenceAttributes_t */
 
-typedef struct {
-  uint64_t data[8];
-} lt_algo; /* cublasLtMatmulAlgo_t */
-typedef struct {
-  lt_algo algo;
-  size_t workspace_size;
-  int state;
-  float waves;
-  int reserved[4];
-} lt_heuristic; /* cublasLtMatmulHeuristicResult_t */
-
-typedef int (*fn_create)(void **);
-typedef int (*fn_destroy)(void *);
-typedef int (*fn_desc_create)(void **, int compute, int scale_type);
-typedef int (*fn_set_attr)(void *, int attr, const void *buf, size_t size);
-typedef int (*fn_layout_create)(void **, int type, uint64_t rows, uint64_t cols, int64_t ld);
-typedef int (*fn_pref_create)(void **);
-typedef int (*fn_heuristic)(void *handle, void *desc, void *a, void *b, void *c, void *d, void *pref, int n,
-                            lt_heuristic *out, int *found);
-typedef int (*fn_matmul)(void *handle, void *desc, const void *alpha, const void *A, void *Adesc, const void *B,
-                         void *Bdesc, const void *beta, const void *C, void *Cdesc, void *D, void *Ddesc,
-                         const lt_algo *algo, void *ws, size_t ws_size, void *stream);
-
 /* Heuristic picks, cached per problem: the same shapes recur every step. */
 typedef struct {
   int64_t key[12];
-  lt_algo algo;
+  gpu_blas_algo algo;
   int used;
 } algo_entry;
 #define ALGO_CACHE 512
 
 struct gpu_blas {
   gpu_ctx *g;
-  void *lib, *handle;
+  const gpu_blas_api *api;
+  void *handle;
   gpu_ptr workspace;
   size_t workspace_bytes;
-  fn_destroy handle_destroy, desc_destroy, layout_destroy, pref_destroy;
-  fn_desc_create desc_create;
-  fn_set_attr desc_set, layout_set, pref_set;
-  fn_layout_create layout_create;
-  fn_pref_create pref_create;
-  fn_heuristic heuristic;
-  fn_matmul matmul;
   algo_entry cache[ALGO_CACHE];
 };
 
 gpu_blas *gpu_blas_new(gpu_ctx *g, char *err, size_t errlen) {
-  /* the loader's path first, then the toolkit's usual folders */
-  static const char *names[] = {"libcublasLt.so.13", "libcublasLt.so.12", "libcublasLt.so",
-                                "/usr/local/cuda/lib64/libcublasLt.so.13", "/usr/local/cuda/lib64/libcublasLt.so.12"};
-  void *lib = NULL;
-  for (size_t i = 0; i < sizeof names / sizeof names[0] && !lib; i++) lib = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
-  const char *home = getenv("CUDA_HOME");
-  if (!lib && home) {
-    char path[1024];
-    snprintf(path, sizeof path, "%s/lib64/libcublasLt.so.13", home);
-    lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-  }
-  if (!lib) {
-    snprintf(err, errlen, "libcublasLt.so.13 not found (install the CUDA 13 runtime libraries); use --device cpu");
-    return NULL;
-  }
+  const gpu_blas_api *api = gpu_blas_load(err, errlen);
+  if (!api) return NULL;
   gpu_blas *b = calloc(1, sizeof *b);
   if (!b) {
-    dlclose(lib);
     snprintf(err, errlen, "out of host memory");
     return NULL;
   }
   b->g = g;
-  b->lib = lib;
-  struct {
-    const char *name;
-    void **slot;
-  } syms[] = {
-      {"cublasLtDestroy", (void **)&b->handle_destroy},
-      {"cublasLtMatmulDescCreate", (void **)&b->desc_create},
-      {"cublasLtMatmulDescDestroy", (void **)&b->desc_destroy},
-      {"cublasLtMatmulDescSetAttribute", (void **)&b->desc_set},
-      {"cublasLtMatrixLayoutCreate", (void **)&b->layout_create},
-      {"cublasLtMatrixLayoutDestroy", (void **)&b->layout_destroy},
-      {"cublasLtMatrixLayoutSetAttribute", (void **)&b->layout_set},
-      {"cublasLtMatmulPreferenceCreate", (void **)&b->pref_create},
-      {"cublasLtMatmulPreferenceDestroy", (void **)&b->pref_destroy},
-      {"cublasLtMatmulPreferenceSetAttribute", (void **)&b->pref_set},
-      {"cublasLtMatmulAlgoGetHeuristic", (void **)&b->heuristic},
-      {"cublasLtMatmul", (void **)&b->matmul},
-  };
-  for (size_t i = 0; i < sizeof syms / sizeof syms[0]; i++) {
-    *syms[i].slot = dlsym(lib, syms[i].name);
-    if (!*syms[i].slot) {
-      snprintf(err, errlen, "libcublasLt has no %s (too old a CUDA runtime?); use --device cpu", syms[i].name);
-      gpu_blas_free(b);
-      return NULL;
-    }
-  }
-  fn_create create = (fn_create)dlsym(lib, "cublasLtCreate");
-  int st = create ? create(&b->handle) : -1;
+  b->api = api;
+  int st = api->Create(&b->handle);
   if (st != 0) {
-    snprintf(err, errlen, "cublasLtCreate failed (status %d)", st);
+    snprintf(err, errlen, "cublasLtCreate failed: %s", api->GetStatusString(st));
     gpu_blas_free(b);
     return NULL;
   }
@@ -129,8 +108,7 @@ gpu_blas *gpu_blas_new(gpu_ctx *g, char *err, size_t errlen) {
 void gpu_blas_free(gpu_blas *b) {
   if (!b) return;
   if (b->workspace) gpu_free(b->g, b->workspace);
-  if (b->handle && b->handle_destroy) b->handle_destroy(b->handle);
-  if (b->lib) dlclose(b->lib);
+  if (b->handle) b->api->Destroy(b->handle);
   free(b);
 }
 
@@ -139,11 +117,11 @@ static int lt_type(cg_dtype t) { return t == CG_DT_BF16 ? CUDA_R_16BF : CUDA_R_3
 /* A column-major layout (rows, cols, ld) with batching. */
 static void *layout(gpu_blas *b, cg_dtype t, int64_t rows, int64_t cols, int64_t ld, int batch, int64_t stride) {
   void *l = NULL;
-  if (b->layout_create(&l, lt_type(t), (uint64_t)rows, (uint64_t)cols, ld) != 0) return NULL;
+  if (b->api->MatrixLayoutCreate(&l, lt_type(t), (uint64_t)rows, (uint64_t)cols, ld) != 0) return NULL;
   if (batch > 1) {
     int32_t n = batch;
-    b->layout_set(l, LAYOUT_BATCH_COUNT, &n, sizeof n);
-    b->layout_set(l, LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof stride);
+    b->api->MatrixLayoutSetAttribute(l, LAYOUT_BATCH_COUNT, &n, sizeof n);
+    b->api->MatrixLayoutSetAttribute(l, LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof stride);
   }
   return l;
 }
@@ -163,9 +141,9 @@ int gpu_gemm(gpu_blas *b, int64_t m, int64_t n, int64_t k, float alpha, const gp
   int opa = B->trans ? CUBLAS_OP_T : CUBLAS_OP_N, opb = A->trans ? CUBLAS_OP_T : CUBLAS_OP_N;
   void *desc = NULL, *la = NULL, *lb = NULL, *lc = NULL, *pref = NULL;
   int rc = -1;
-  if (b->desc_create(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F) != 0) goto done;
-  b->desc_set(desc, DESC_TRANSA, &opa, sizeof opa);
-  b->desc_set(desc, DESC_TRANSB, &opb, sizeof opb);
+  if (b->api->MatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F) != 0) goto done;
+  b->api->MatmulDescSetAttribute(desc, DESC_TRANSA, &opa, sizeof opa);
+  b->api->MatmulDescSetAttribute(desc, DESC_TRANSB, &opb, sizeof opb);
   la = layout(b, B->dtype, B->trans ? k : n, B->trans ? n : k, B->ld, batch, B->stride);
   lb = layout(b, A->dtype, A->trans ? m : k, A->trans ? k : m, A->ld, batch, A->stride);
   lc = layout(b, C->dtype, n, m, C->ld, batch, C->stride);
@@ -175,12 +153,12 @@ int gpu_gemm(gpu_blas *b, int64_t m, int64_t n, int64_t k, float alpha, const gp
   for (int i = 0; i < 12; i++) h = (h ^ (uint64_t)key[i]) * 1099511628211ull;
   algo_entry *e = &b->cache[h % ALGO_CACHE];
   if (!e->used || memcmp(e->key, key, sizeof key) != 0) {
-    lt_heuristic res;
+    gpu_blas_heuristic res;
     int found = 0;
-    if (b->pref_create(&pref) != 0) goto done;
+    if (b->api->MatmulPreferenceCreate(&pref) != 0) goto done;
     uint64_t ws = b->workspace_bytes;
-    b->pref_set(pref, PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
-    if (b->heuristic(b->handle, desc, la, lb, lc, lc, pref, 1, &res, &found) != 0 || found < 1) {
+    b->api->MatmulPreferenceSetAttribute(pref, PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
+    if (b->api->MatmulAlgoGetHeuristic(b->handle, desc, la, lb, lc, lc, pref, 1, &res, &found) != 0 || found < 1) {
       snprintf(err, errlen, "cuBLASLt has no algorithm for a %s GEMM (%lld x %lld x %lld, batch %d)",
                cg_dtype_name(A->dtype), (long long)m, (long long)n, (long long)k, batch);
       goto done;
@@ -189,7 +167,7 @@ int gpu_gemm(gpu_blas *b, int64_t m, int64_t n, int64_t k, float alpha, const gp
     e->algo = res.algo;
     e->used = 1;
   }
-  int st = b->matmul(b->handle, desc, &alpha, (void *)(uintptr_t)B->p, la, (void *)(uintptr_t)A->p, lb, &beta,
+  int st = b->api->Matmul(b->handle, desc, &alpha, (void *)(uintptr_t)B->p, la, (void *)(uintptr_t)A->p, lb, &beta,
                      (void *)(uintptr_t)C->p, lc, (void *)(uintptr_t)C->p, lc, &e->algo,
                      (void *)(uintptr_t)b->workspace, b->workspace_bytes, gpu_stream(b->g));
   if (st != 0) {
@@ -200,10 +178,10 @@ int gpu_gemm(gpu_blas *b, int64_t m, int64_t n, int64_t k, float alpha, const gp
   rc = 0;
 done:
   if (rc != 0 && err[0] == 0) snprintf(err, errlen, "cuBLASLt setup failed");
-  if (pref) b->pref_destroy(pref);
-  if (la) b->layout_destroy(la);
-  if (lb) b->layout_destroy(lb);
-  if (lc) b->layout_destroy(lc);
-  if (desc) b->desc_destroy(desc);
+  if (pref) b->api->MatmulPreferenceDestroy(pref);
+  if (la) b->api->MatrixLayoutDestroy(la);
+  if (lb) b->api->MatrixLayoutDestroy(lb);
+  if (lc) b->api->MatrixLayoutDestroy(lc);
+  if (desc) b->api->MatmulDescDestroy(desc);
   return rc;
 }

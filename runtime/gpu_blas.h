@@ -1,18 +1,56 @@
-/* gpu_blas.h -- dense GEMMs through cuBLASLt, loaded at run time (libcublasLt.so.13/.12).
- * Matrices are row-major, as everywhere in moec; fp32 accumulation. */
+/* gpu_blas.h -- cuBLASLt, loaded at run time (libcublasLt.so.13, .so.12; MOEC_LIBCUBLASLT
+ * overrides; else $CUDA_HOME/lib64, /usr/local/cuda/lib64), and the dense row-major GEMMs moec
+ * runs through it (fp32 accumulation). Types are redeclared from CUDA 13.0's cublasLt.h:
+ * handles are void *, enums int. */
 #ifndef MOEC_GPU_BLAS_H
 #define MOEC_GPU_BLAS_H
 
 #include <stddef.h>
 #include <stdint.h>
 
+typedef int cublasStatus_t; /* CUBLAS_STATUS_SUCCESS = 0 */
+typedef struct {
+  uint64_t data[8];
+} gpu_blas_algo; /* cublasLtMatmulAlgo_t */
+typedef struct {
+  gpu_blas_algo algo;
+  size_t workspaceSize;
+  cublasStatus_t state;
+  float wavesCount;
+  int reserved[4];
+} gpu_blas_heuristic; /* cublasLtMatmulHeuristicResult_t */
+
+typedef struct {
+  size_t (*GetVersion)(void);
+  cublasStatus_t (*Create)(void **handle);
+  cublasStatus_t (*Destroy)(void *handle);
+  cublasStatus_t (*MatmulDescCreate)(void **desc, int compute_type, int scale_type);
+  cublasStatus_t (*MatmulDescDestroy)(void *desc);
+  cublasStatus_t (*MatmulDescSetAttribute)(void *desc, int attr, const void *buf, size_t size);
+  cublasStatus_t (*MatrixLayoutCreate)(void **layout, int type, uint64_t rows, uint64_t cols, int64_t ld);
+  cublasStatus_t (*MatrixLayoutDestroy)(void *layout);
+  cublasStatus_t (*MatrixLayoutSetAttribute)(void *layout, int attr, const void *buf, size_t size);
+  cublasStatus_t (*MatmulPreferenceCreate)(void **pref);
+  cublasStatus_t (*MatmulPreferenceDestroy)(void *pref);
+  cublasStatus_t (*MatmulPreferenceSetAttribute)(void *pref, int attr, const void *buf, size_t size);
+  cublasStatus_t (*MatmulAlgoGetHeuristic)(void *handle, void *desc, void *a, void *b, void *c, void *d, void *pref,
+                                           int requested, gpu_blas_heuristic *results, int *returned);
+  cublasStatus_t (*Matmul)(void *handle, void *desc, const void *alpha, const void *A, void *adesc, const void *B,
+                           void *bdesc, const void *beta, const void *C, void *cdesc, void *D, void *ddesc,
+                           const gpu_blas_algo *algo, void *workspace, size_t workspace_bytes, void *stream);
+  const char *(*GetStatusString)(cublasStatus_t);
+} gpu_blas_api;
+
+/* Loads cuBLASLt once per process: the entry points, or NULL and the reason in err. */
+const gpu_blas_api *gpu_blas_load(char *err, size_t errlen);
+
+/* ---- GEMMs on one GPU ---- */
 #include "codegen/cg_kernels.h"
 #include "gpu_loader.h"
 
 typedef struct gpu_blas gpu_blas;
 
-/* Loads cuBLASLt, creates a handle on g's stream and a 32 MiB workspace. NULL with a message
- * ("libcublasLt.so.13 not found; install the CUDA 13 runtime or use --device cpu"). */
+/* Creates a handle on g's stream and a 32 MiB workspace. NULL with a message. */
 gpu_blas *gpu_blas_new(gpu_ctx *g, char *err, size_t errlen);
 void gpu_blas_free(gpu_blas *b);
 
@@ -25,7 +63,7 @@ typedef struct {
   int trans;
 } gpu_mat;
 
-/* C (m, n) = alpha * op(A) (m, k) · op(B) (k, n) + beta * C, for `batch` entries. A and B
+/* C (m, n) = alpha * op(A) (m, k) . op(B) (k, n) + beta * C, for `batch` entries. A and B
  * share a dtype (bf16 or f32); C is f32 or A's dtype. 0, or -1 with a message in err. */
 int gpu_gemm(gpu_blas *b, int64_t m, int64_t n, int64_t k, float alpha, const gpu_mat *A, const gpu_mat *B,
              float beta, const gpu_mat *C, int batch, char *err, size_t errlen);

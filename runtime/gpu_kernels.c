@@ -25,6 +25,24 @@ static char *dup_or_null(const char *s) {
   return d;
 }
 
+int rt_cuda_probe(char *info, size_t info_len, char *err, size_t errlen) {
+  int n = 0;
+  if (gpu_device_count(&n, err, errlen) != 0) return -1;
+  if (n == 0) {
+    snprintf(err, errlen, "the NVIDIA driver sees no GPU; use --device cpu");
+    return -1;
+  }
+  char nerr[1024];
+  if (gpu_nvrtc_load(nerr, sizeof nerr) != 0) {
+    snprintf(err, errlen, "%s (moec compiles its GPU kernels with NVRTC at run time); use --device cpu", nerr);
+    return -1;
+  }
+  int ma, mi;
+  gpu_nvrtc_version(&ma, &mi);
+  if (info) snprintf(info, info_len, "%d GPU%s, NVRTC %d.%d", n, n == 1 ? "" : "s", ma, mi);
+  return 0;
+}
+
 rt_cuda *rt_cuda_new(gpu_ctx *g, const rt_cuda_opts *o, char *err, size_t errlen) {
   if (gpu_nvrtc_load(err, errlen) != 0) return NULL;
   const gpu_device_info *d = gpu_info(g);

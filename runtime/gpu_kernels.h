@@ -32,6 +32,11 @@ typedef struct {
   const char *cache_dir; /* NULL: $MOEC_CACHE or ~/.cache/moec/kernels; "": no cache */
 } rt_cuda_opts;
 
+/* What --device cuda needs, checked in order: the NVIDIA driver, a GPU, NVRTC. 0, with a
+ * one-line summary in info ("1 GPU, NVRTC 13.0"), or -1 with what is missing in err: the
+ * text that follows "moec: error: --device cuda: ". Also how the default device is chosen. */
+int rt_cuda_probe(char *info, size_t info_len, char *err, size_t errlen);
+
 rt_cuda *rt_cuda_new(gpu_ctx *g, const rt_cuda_opts *o, char *err, size_t errlen);
 void rt_cuda_free(rt_cuda *k);
 const char *rt_cuda_error(const rt_cuda *k);

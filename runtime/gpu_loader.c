@@ -123,6 +123,27 @@ const char *gpu_result_string(int r, char *buf, size_t len) {
   return buf;
 }
 
+void *gpu_dlopen_lib(const char *env_var, const char *const *names, int n, char *path, size_t plen, char *tried,
+                     size_t tlen) {
+  const char *env = getenv(env_var);
+  const char *homes[] = {getenv("CUDA_HOME"), getenv("CUDA_PATH"), "/usr/local/cuda"};
+  if (tlen) tried[0] = '\0';
+  for (int d = -1; d < 3; d++) {
+    for (int i = 0; i < n; i++) {
+      if (env && *env) fmt(path, plen, "%s", env);
+      else if (d < 0) fmt(path, plen, "%s", names[i]);
+      else if (homes[d] && *homes[d]) fmt(path, plen, "%s/lib64/%s", homes[d], names[i]);
+      else break;
+      void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+      if (h) return h;
+      size_t k = strlen(tried);
+      if (k + 1 < tlen) fmt(tried + k, tlen - k, "%s%s", k ? ", " : "", path);
+      if (env && *env) return NULL; /* an explicit path is the only candidate */
+    }
+  }
+  return NULL;
+}
+
 const char *gpu_fmt_bytes(size_t b, char *buf, size_t len) {
   if (b < 1024) fmt(buf, len, "%zu B", b);
   else if (b < (size_t)1 << 20) fmt(buf, len, "%.2f KiB", b / 1024.0);

@@ -93,6 +93,13 @@ void gpu_timer_free(gpu_ctx *g, gpu_timer *t);
 /* "CUDA_ERROR_OUT_OF_MEMORY: out of memory" for a CUresult, via the driver when loaded. */
 const char *gpu_result_string(int result, char *buf, size_t len);
 
+/* dlopen()s a CUDA library: the path in environment variable env_var alone when it is set,
+ * else the first of names[0..n) found by the dynamic loader, else under $CUDA_HOME/lib64,
+ * $CUDA_PATH/lib64 and /usr/local/cuda/lib64. Returns the handle and the path it loaded,
+ * or NULL and the comma-separated list of what was tried. */
+void *gpu_dlopen_lib(const char *env_var, const char *const *names, int n, char *path, size_t path_len,
+                     char *tried, size_t tried_len);
+
 /* Human-readable byte count: "512 B", "1.50 MiB", "12.00 GiB". */
 const char *gpu_fmt_bytes(size_t bytes, char *buf, size_t len);
 

@@ -13,6 +13,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "gpu_loader.h"
 #include "gpu_sha256.h"
 
 typedef int nvrtcResult;
@@ -57,36 +58,10 @@ static void fmt(char *buf, size_t len, const char *f, ...) {
   va_end(ap);
 }
 
-static void *try_open(const char *path, char *tried, size_t len) {
-  void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-  if (!h) {
-    size_t k = strlen(tried);
-    if (k + 1 < len) fmt(tried + k, len - k, "%s%s", k ? ", " : "", path);
-  }
-  return h;
-}
-
 static void load_nvrtc(void) {
   static const char *const names[] = {"libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so"};
-  const char *homes[] = {getenv("CUDA_HOME"), getenv("CUDA_PATH"), "/usr/local/cuda"};
-  char tried[768] = "", path[512];
-  void *h = NULL;
-  const char *env = getenv("MOEC_LIBNVRTC");
-  if (env && *env) {
-    h = try_open(env, tried, sizeof tried);
-    snprintf(path, sizeof path, "%s", env);
-  }
-  for (size_t i = 0; !h && !(env && *env) && i < 3; i++) {
-    h = try_open(names[i], tried, sizeof tried);
-    snprintf(path, sizeof path, "%s", names[i]);
-  }
-  for (size_t d = 0; !h && !(env && *env) && d < 3; d++) {
-    if (!homes[d] || !*homes[d]) continue;
-    for (size_t i = 0; !h && i < 3; i++) {
-      snprintf(path, sizeof path, "%s/lib64/%s", homes[d], names[i]);
-      h = try_open(path, tried, sizeof tried);
-    }
-  }
+  char tried[768], path[512];
+  void *h = gpu_dlopen_lib("MOEC_LIBNVRTC", names, 3, path, sizeof path, tried, sizeof tried);
   if (!h) {
     fmt(load_err, sizeof load_err,
         "libnvrtc not found (tried %s); install the CUDA toolkit's NVRTC, or set CUDA_HOME or MOEC_LIBNVRTC", tried);

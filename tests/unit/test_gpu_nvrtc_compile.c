@@ -129,7 +129,7 @@ int main(void) {
   test_generators();
   char err[2048];
   if (gpu_nvrtc_load(err, sizeof err) != 0) {
-    printf("SKIP: libnvrtc not found (%s)\n", err);
+    printf("SKIP: libnvrtc not found\n  (%s)\n", err);
     printf("test_gpu_nvrtc_compile: generator checks %s; NVRTC part skipped\n", failures ? "FAILED" : "passed");
     return failures ? 1 : 0;
   }

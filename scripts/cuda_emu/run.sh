@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Runs test_gpu_kernels on the CPU emulator: the generated kernels compiled as host C++,
+# behind a stand-in libcuda (emu_driver.cpp). NVRTC still compiles every module for real
+# (the runtime needs its cubins). Catches logic errors in kernels and launchers without a
+# GPU; timing, memory ordering and device math are not modelled (see emu_driver.cpp).
+#   scripts/cuda_emu/run.sh [BUILD_DIR] [TEST...]   (default: build test_gpu_kernels; needs g++, libnvrtc)
+# e.g. MOEC_BENCH_T=64 scripts/cuda_emu/run.sh build test_gpu_bench
+# MOEC_EMU_SANITIZE=1 builds the emulated kernels with AddressSanitizer, a stand-in for
+# compute-sanitizer's memcheck (out-of-bounds "device" accesses are host heap overflows).
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/../.." && pwd)
+build=$root/build
+if [ $# -gt 0 ] && [ -d "$1" ]; then build=$1; shift; fi
+build=$(cd "$build" && pwd)
+tests=("$@")
+[ ${#tests[@]} -gt 0 ] || tests=(test_gpu_kernels)
+out=$build/cuda_emu
+mkdir -p "$out/src"
+cxxflags=(-O1 -g -std=c++17 -fPIC -ffp-contract=off -Wno-unknown-pragmas -I"$here")
+ldflags=()
+if [ "${MOEC_EMU_SANITIZE:-0}" = 1 ]; then
+  cxxflags+=(-fsanitize=address -fno-omit-frame-pointer)
+  ldflags+=(-fsanitize=address)
+fi
+cc -std=c11 -O1 -I"$root" -I"$root/ir" -I"$root/runtime" "$here/gen_sources.c" "$build/libmoec_core.a" \
+  -o "$out/gen_sources" -lm -ldl -lpthread
+mods=$("$out/gen_sources" "$out/src")
+g++ "${cxxflags[@]}" -shared -Wl,-soname,libcuda_emu.so "$here/emu_driver.cpp" -o "$out/libcuda_emu.so" -ldl "${ldflags[@]}"
+for m in $mods; do
+  g++ "${cxxflags[@]}" -Wall -Wno-unused-function -shared -x c++ "$out/src/$m.cu" -o "$out/libemu_$m.so" \
+    -L"$out" -l:libcuda_emu.so -Wl,-rpath,'$ORIGIN' "${ldflags[@]}" &
+done
+wait
+echo "cuda_emu: built $(echo $mods | wc -w) modules into $out"
+env=(MOEC_LIBCUDA="$out/libcuda_emu.so")
+if [ "${MOEC_EMU_SANITIZE:-0}" = 1 ]; then
+  env+=(LD_PRELOAD="$(g++ -print-file-name=libasan.so)" ASAN_OPTIONS=detect_leaks=0:detect_stack_use_after_return=0)
+fi
+cd "$root"
+for t in "${tests[@]}"; do env "${env[@]}" "$build/$t"; done

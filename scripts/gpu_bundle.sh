@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Prepares a build folder made here to run on a GPU machine whose image lacks this machine's
+# libraries (OpenBLAS, gfortran, htslib, ...): copies the shared libraries that the GPU test
+# binaries need, except the C runtime, into BUILD/gpu-libs. scripts/gpu_check.sh puts that
+# folder on LD_LIBRARY_PATH. CUDA libraries are never copied: the GPU machine has its own.
+#   scripts/gpu_bundle.sh [BUILD_DIR] [--with-moec]      (default BUILD_DIR: build)
+# The GPU tests call no BLAS routine, so libopenblas.so.0 (35 MB) is stood in for by the
+# reference BLAS (libblas.so.3, 0.5 MB, the same cblas_* symbols) when it is installed here;
+# MOEC_BUNDLE_REAL_BLAS=1 copies OpenBLAS itself (needed with --with-moec for training).
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+build=build
+with_moec=0
+for a in "$@"; do
+  case "$a" in
+  --with-moec) with_moec=1 ;;
+  -h | --help) sed -n '2,10p' "$0"; exit 0 ;;
+  *) build=$a ;;
+  esac
+done
+build=$(cd "$build" 2>/dev/null && pwd) || { echo "gpu_bundle: no build folder '$build' (build first)" >&2; exit 1; }
+bins=("$build"/test_gpu_*)
+[ "$with_moec" = 1 ] && bins+=("$build/moec")
+for b in "${bins[@]}"; do [ -x "$b" ] || { echo "gpu_bundle: $b is missing (build first)" >&2; exit 1; }; done
+out=$build/gpu-libs
+rm -rf "$out"
+mkdir -p "$out"
+small_blas=/usr/lib/x86_64-linux-gnu/blas/libblas.so.3
+declare -A seen=()
+for b in "${bins[@]}"; do
+  while read -r name arrow path _; do
+    [ "$arrow" = "=>" ] || continue # the vdso and the dynamic loader itself
+    case "$name" in
+    linux-vdso* | ld-linux* | libc.so.* | libm.so.* | libpthread.so.* | libdl.so.* | librt.so.* | libgcc_s.so.*) continue ;;
+    libcuda.so* | libnvrtc* | libcublas* | libcudart* | libcudnn* | libnccl*) continue ;;
+    esac
+    [ -n "${seen[$name]:-}" ] && continue
+    seen[$name]=1
+    if [ "$path" = "not" ]; then echo "gpu_bundle: $b needs $name, which is not installed here" >&2; exit 1; fi
+    if [ "$name" = libopenblas.so.0 ] && [ "${MOEC_BUNDLE_REAL_BLAS:-0}" != 1 ] && [ "$with_moec" = 0 ] && [ -e "$small_blas" ]; then
+      cp -L "$small_blas" "$out/$name"
+      echo "  $name <- $small_blas (reference BLAS stand-in)"
+    else
+      cp -L "$path" "$out/$name"
+      echo "  $name <- $path"
+    fi
+  done < <(ldd "$b")
+done
+# OpenBLAS's own dependencies (gfortran, quadmath) are not needed by the stand-in
+if [ -e "$out/libopenblas.so.0" ] && ! ldd "$out/libopenblas.so.0" | grep -q gfortran; then
+  rm -f "$out/libgfortran.so.5" "$out/libquadmath.so.0"
+fi
+echo "gpu_bundle: $(ls "$out" | wc -l) libraries, $(du -sh "$out" | cut -f1), in $out"

@@ -1,0 +1,746 @@
+/* test_gpu_kernels.c -- every generated kernel on the GPU against its CPU reference kernel
+ * (cpu_kernels.h), on fresh random inputs (never zeros; the seed is printed, MOEC_TEST_SEED
+ * repeats a run), for f32 and bf16 storage. Skips, and passes, where there is no CUDA driver
+ * or GPU.
+ *
+ * Tolerances, per op (bf16 outputs: the CPU result is rounded to bf16 first, and an inexact
+ * op may differ by one bf16 rounding, 2^-7 relative, on top of its own tolerance):
+ *   exact (bit for bit): cast, mul, add, fill, slice_cols, embedding fwd and bwd, rope fwd and
+ *     bwd, topk, the expert permutation, dispatch fwd and bwd (one expert), combine fwd and its
+ *     dy, AdamW, MXFP8 quantize (both modes, both orientations) and dequantize. These do the
+ *     CPU's float operations in the CPU's order (NVRTC runs with --fmad=false).
+ *   rtol 2e-6: silu fwd, softmax rows, route weights fwd (CUDA's expf is within 2 ulp of
+ *     glibc's); 4e-6 silu bwd.
+ *   rtol 1e-6: rmsnorm fwd, cross-entropy loss, z loss, grad norm, combine dw (sums in double,
+ *     in another order; 1e-12 for logsumexp rows, which stay in double).
+ *   rtol 1e-5 plus an absolute floor of 1e-5 of the largest value: rmsnorm dx and dw, route
+ *     weights bwd, aux and z loss gradients, cross-entropy gradient, column sums, the
+ *     all-experts dispatch backward: float sums in another order, and cancellation.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "ck_test.h"
+#include "runtime/gpu_kernels.h"
+#include "runtime/gpu_loader.h"
+
+const char *__lsan_default_suppressions(void);
+const char *__lsan_default_suppressions(void) { return "leak:libnvrtc\nleak:libcuda\n"; }
+
+static gpu_ctx *G;
+static rt_cuda *K;
+
+/* ---- device buffers ---- */
+static gpu_ptr live[256];
+static int n_live;
+
+static gpu_ptr dmalloc(size_t bytes) {
+  gpu_ptr p = 0;
+  if (gpu_alloc(G, &p, bytes ? bytes : 4, "a test buffer") != 0 || n_live == 256) {
+    printf("FAIL: %s\n", gpu_error(G));
+    exit(1);
+  }
+  return live[n_live++] = p;
+}
+static void dfree_all(void) {
+  while (n_live) gpu_free(G, live[--n_live]);
+}
+static size_t dts(cg_dtype t) { return t == CG_DT_BF16 ? 2 : 4; }
+
+static void upload(gpu_ptr p, const void *x, size_t bytes) {
+  if (gpu_upload(G, p, x, bytes) != 0) {
+    printf("FAIL: upload: %s\n", gpu_error(G));
+    exit(1);
+  }
+}
+static void download(void *x, gpu_ptr p, size_t bytes) {
+  if (gpu_download(G, x, p, bytes) != 0) {
+    printf("FAIL: download (a kernel failed?): %s\n", gpu_error(G));
+    exit(1);
+  }
+}
+/* float values stored as t (bf16: rounded to nearest even on the way) */
+static gpu_ptr up_f(const float *x, int64_t n, cg_dtype t) {
+  gpu_ptr p = dmalloc((size_t)n * dts(t));
+  if (t == CG_DT_F32) {
+    upload(p, x, (size_t)n * 4);
+  } else {
+    uint16_t *b = malloc((size_t)(n ? n : 1) * 2);
+    for (int64_t i = 0; i < n; i++) b[i] = ck_float_to_bf16(x[i]);
+    upload(p, b, (size_t)n * 2);
+    free(b);
+  }
+  return p;
+}
+static void get_f(float *x, gpu_ptr p, int64_t n, cg_dtype t) {
+  if (t == CG_DT_F32) {
+    download(x, p, (size_t)n * 4);
+    return;
+  }
+  uint16_t *b = malloc((size_t)(n ? n : 1) * 2);
+  download(b, p, (size_t)n * 2);
+  for (int64_t i = 0; i < n; i++) x[i] = ck_bf16_to_float(b[i]);
+  free(b);
+}
+static gpu_ptr up_raw(const void *x, size_t bytes) {
+  gpu_ptr p = dmalloc(bytes);
+  upload(p, x, bytes);
+  return p;
+}
+
+/* Random values in [lo, hi), never zero, representable in t. */
+static float *rnd(int64_t n, float lo, float hi, cg_dtype t) {
+  float *x = falloc(n);
+  fill(x, n, lo, hi);
+  if (t == CG_DT_BF16) ck_round_bf16(x, n);
+  return x;
+}
+static float *dup(const float *x, int64_t n) {
+  float *y = falloc(n);
+  memcpy(y, x, (size_t)n * sizeof(float));
+  return y;
+}
+
+/* Runs a launch, reporting its error. */
+#define RUN(call)                                                                                   \
+  do {                                                                                              \
+    if ((call) != 0) CHECK(0, "%s: %s", #call, rt_cuda_error(K));                                  \
+  } while (0)
+
+/* After a test: the stream drained, no error flag unless expected. */
+static void expect_flag(const char *what, int want) {
+  int ck = 0;
+  if (rt_cuda_check(K, &ck) != 0) {
+    CHECK(0, "%s: %s", what, rt_cuda_error(K));
+    return;
+  }
+  CHECK(ck == want, "%s: device error flag %d (%s), want %d", what, ck, ck_strerror(ck), want);
+}
+
+/* got (from the GPU, stored as t) against want (the CPU's fp32 result). rtol < 0: bit for bit
+ * (NaN equal to NaN of the same bits). */
+static void cmp(const char *what, const float *got, const float *want_in, int64_t n, cg_dtype t, double rtol,
+                double atol) {
+  float *want = dup(want_in, n);
+  if (t == CG_DT_BF16) ck_round_bf16(want, n);
+  char name[96];
+  snprintf(name, sizeof name, "%s [%s]", what, cg_dtype_name(t));
+  if (rtol < 0) {
+    int64_t bad = -1;
+    for (int64_t i = 0; i < n && bad < 0; i++)
+      if (memcmp(&got[i], &want[i], sizeof(float)) != 0) bad = i;
+    CHECK(bad < 0, "%s: element %lld got %.9g (0x%08x) want %.9g (0x%08x)", name, (long long)bad,
+          bad >= 0 ? got[bad] : 0.0, bad >= 0 ? *(const uint32_t *)&got[bad] : 0u, bad >= 0 ? want[bad] : 0.0,
+          bad >= 0 ? *(const uint32_t *)&want[bad] : 0u);
+    printf("  %-44s %6lld values, bit-exact\n", name, (long long)n);
+  } else {
+    double *wd = to_double(want, n);
+    check_close(name, got, wd, n, rtol + (t == CG_DT_BF16 ? 0x1p-7 : 0.0), atol);
+    free(wd);
+  }
+  free(want);
+}
+static double maxabs(const float *x, int64_t n) {
+  double m = 0.0;
+  for (int64_t i = 0; i < n; i++) m = fmax(m, fabs(x[i]));
+  return m;
+}
+
+enum { T = 777, H = 320, V = 256, E = 8, KK = 2, NH = 4, HD = 64, SEQ = 200 };
+static const float EPS = 1e-5f;
+
+/* ---- elementwise ---- */
+
+static void test_cast(void) {
+  printf("cast (round to nearest even; specials and ties):\n");
+  const int64_t n = 4096;
+  for (int ti = 0; ti < CG_DT_COUNT; ti++)
+    for (int to = 0; to < CG_DT_COUNT; to++) {
+      float *x = rnd(n, -3, 3, (cg_dtype)ti), *y = falloc(n);
+      const float sp[] = {NAN, -NAN, INFINITY, -INFINITY, -0.0f, 3.4028235e38f, 1.0f + 0x1p-8f, 1.0f + 0x3p-8f,
+                          -1.0f - 0x1p-8f, 0x1p-130f, 3.3961776e38f};
+      for (size_t i = 0; i < sizeof sp / sizeof sp[0]; i++) x[i] = sp[i];
+      if (ti == CG_DT_BF16) ck_round_bf16(x, n);
+      gpu_ptr dx = up_f(x, n, (cg_dtype)ti), dy = dmalloc((size_t)n * dts((cg_dtype)to));
+      RUN(rt_cuda_cast(K, (cg_dtype)ti, dx, (cg_dtype)to, dy, n));
+      get_f(y, dy, n, (cg_dtype)to);
+      char what[64];
+      snprintf(what, sizeof what, "cast %s -> %s", cg_dtype_name((cg_dtype)ti), cg_dtype_name((cg_dtype)to));
+      cmp(what, y, x, n, (cg_dtype)to, -1, 0);
+      free(x), free(y);
+      dfree_all();
+    }
+}
+
+static void test_elementwise(cg_dtype t) {
+  printf("elementwise [%s]:\n", cg_dtype_name(t));
+  const int64_t n = (int64_t)T * H;
+  float *a = rnd(n, -4, 4, t), *b = rnd(n, -2, 2, t), *dy = rnd(n, -1, 1, t);
+  float *want = falloc(n), *want2 = falloc(n), *got = falloc(n);
+  gpu_ptr da = up_f(a, n, t), db = up_f(b, n, t), ddy = up_f(dy, n, t), dout = dmalloc((size_t)n * 4), dout2 = dmalloc((size_t)n * 4);
+
+  ck_silu_fwd(a, want, n);
+  RUN(rt_cuda_silu_fwd(K, t, da, dout, n));
+  get_f(got, dout, n, t);
+  cmp("silu fwd", got, want, n, t, 2e-6, 1e-7);
+  ck_silu_bwd(a, dy, want, n);
+  RUN(rt_cuda_silu_bwd(K, t, da, ddy, dout, n));
+  get_f(got, dout, n, t);
+  cmp("silu bwd", got, want, n, t, 4e-6, 1e-6);
+
+  ck_mul_fwd(a, b, want, n);
+  RUN(rt_cuda_mul_fwd(K, t, da, db, dout, n));
+  get_f(got, dout, n, t);
+  cmp("mul fwd", got, want, n, t, -1, 0);
+  ck_mul_bwd(a, b, dy, want, want2, n);
+  RUN(rt_cuda_mul_bwd(K, t, da, db, ddy, dout, dout2, n));
+  get_f(got, dout, n, t);
+  cmp("mul bwd da", got, want, n, t, -1, 0);
+  get_f(got, dout2, n, t);
+  cmp("mul bwd db", got, want2, n, t, -1, 0);
+  RUN(rt_cuda_mul_bwd(K, t, da, db, ddy, 0, dout2, n)); /* da = NULL */
+  get_f(got, dout2, n, t);
+  cmp("mul bwd db alone", got, want2, n, t, -1, 0);
+
+  ck_add_fwd(a, b, want, n);
+  RUN(rt_cuda_add_fwd(K, t, da, db, dout, n));
+  get_f(got, dout, n, t);
+  cmp("add fwd", got, want, n, t, -1, 0);
+  RUN(rt_cuda_add_bwd(K, t, ddy, dout, ddy, n)); /* db aliases dy: left alone */
+  get_f(got, dout, n, t);
+  cmp("add bwd da", got, dy, n, t, -1, 0);
+  get_f(got, ddy, n, t);
+  cmp("add bwd db aliasing dy", got, dy, n, t, -1, 0);
+
+  RUN(rt_cuda_fill(K, t, dout, n, -0.3f));
+  for (int64_t i = 0; i < n; i++) want[i] = -0.3f;
+  get_f(got, dout, n, t);
+  cmp("fill", got, want, n, t, -1, 0);
+
+  const int64_t start = 37, w = 101;
+  for (int64_t r = 0; r < T; r++)
+    for (int64_t c = 0; c < w; c++) want[r * w + c] = a[r * H + start + c];
+  RUN(rt_cuda_slice_cols(K, t, da, dout, T, H, start, w));
+  get_f(got, dout, T * w, t);
+  cmp("slice_cols", got, want, T * w, t, -1, 0);
+
+  /* column sums into f32, fresh and accumulating */
+  double *ws = dalloc(H);
+  float *acc0 = rnd(H, -1, 1, CG_DT_F32);
+  for (int64_t c = 0; c < H; c++) {
+    double s = 0;
+    for (int64_t r = 0; r < T; r++) s += a[r * H + c];
+    ws[c] = s;
+  }
+  RUN(rt_cuda_colsum(K, t, da, dout, T, H, 0));
+  get_f(got, dout, H, CG_DT_F32);
+  check_close("colsum (f32 out)", got, ws, H, 1e-5, 1e-5 * T);
+  for (int64_t c = 0; c < H; c++) ws[c] += acc0[c];
+  upload(dout, acc0, H * 4);
+  RUN(rt_cuda_colsum(K, t, da, dout, T, H, 1));
+  get_f(got, dout, H, CG_DT_F32);
+  check_close("colsum accumulate (f32 out)", got, ws, H, 1e-5, 1e-5 * T);
+  expect_flag("elementwise", CK_OK);
+  free(a), free(b), free(dy), free(want), free(want2), free(got), free(ws), free(acc0);
+  dfree_all();
+}
+
+/* ---- dense ---- */
+
+static void test_embedding(cg_dtype t) {
+  printf("embedding [%s]:\n", cg_dtype_name(t));
+  float *table = rnd((int64_t)V * H, -1, 1, t), *out = falloc((int64_t)T * H), *got = falloc((int64_t)T * H);
+  int32_t tok[T];
+  for (int i = 0; i < T; i++) tok[i] = rng_int(i % 3 ? 5 : V); /* DNA-like: a few hot rows */
+  gpu_ptr dtab = up_f(table, (int64_t)V * H, t), dtok = up_raw(tok, sizeof tok), dout = dmalloc((size_t)T * H * 4);
+  CHECK(ck_embedding_fwd(table, tok, out, T, V, H) == CK_OK, "ck_embedding_fwd");
+  RUN(rt_cuda_embedding_fwd(K, t, dtab, dtok, dout, T, V, H));
+  get_f(got, dout, (int64_t)T * H, t);
+  cmp("embedding fwd", got, out, (int64_t)T * H, t, -1, 0);
+
+  float *dy = rnd((int64_t)T * H, -1, 1, t), *dtable = rnd((int64_t)V * H, -1, 1, CG_DT_F32);
+  float *gt = falloc((int64_t)V * H);
+  gpu_ptr ddy = up_f(dy, (int64_t)T * H, t), ddt = up_f(dtable, (int64_t)V * H, CG_DT_F32);
+  CHECK(ck_embedding_bwd(tok, dy, dtable, T, V, H) == CK_OK, "ck_embedding_bwd");
+  RUN(rt_cuda_embedding_bwd(K, t, dtok, ddy, ddt, T, V, H));
+  get_f(gt, ddt, (int64_t)V * H, CG_DT_F32);
+  cmp("embedding bwd dtable += (f32)", gt, dtable, (int64_t)V * H, CG_DT_F32, -1, 0);
+  expect_flag("embedding", CK_OK);
+
+  tok[T / 2] = V; /* a bad token is reported, not read */
+  upload(dtok, tok, sizeof tok);
+  RUN(rt_cuda_embedding_fwd(K, t, dtab, dtok, dout, T, V, H));
+  expect_flag("embedding fwd with token V", CK_EINDEX);
+  expect_flag("the flag clears after a check", CK_OK);
+  free(table), free(out), free(got), free(dy), free(dtable), free(gt);
+  dfree_all();
+}
+
+static void test_rmsnorm(cg_dtype tx, cg_dtype tw) {
+  printf("rmsnorm [x %s, w %s]:\n", cg_dtype_name(tx), cg_dtype_name(tw));
+  const int64_t n = (int64_t)T * H;
+  float *x = rnd(n, -2, 2, tx), *w = rnd(H, 0.5f, 1.5f, tw), *y = falloc(n), *got = falloc(n);
+  gpu_ptr dx = up_f(x, n, tx), dw = up_f(w, H, tw), dy = dmalloc((size_t)n * 4);
+  ck_rmsnorm_fwd(x, w, y, T, H, EPS);
+  RUN(rt_cuda_rmsnorm_fwd(K, tx, tw, dx, dw, dy, T, H, EPS));
+  get_f(got, dy, n, tx);
+  cmp("rmsnorm fwd", got, y, n, tx, 1e-6, 1e-7);
+
+  float *g = rnd(n, -1, 1, tx), *gx = falloc(n), *gw = rnd(H, -1, 1, CG_DT_F32), *gotw = falloc(H);
+  gpu_ptr dg = up_f(g, n, tx), dgx = dmalloc((size_t)n * 4), dgw = up_f(gw, H, CG_DT_F32);
+  ck_rmsnorm_bwd(x, w, g, gx, gw, T, H, EPS);
+  RUN(rt_cuda_rmsnorm_bwd(K, tx, tw, dx, dw, dg, dgx, dgw, T, H, EPS));
+  get_f(got, dgx, n, tx);
+  cmp("rmsnorm bwd dx", got, gx, n, tx, 1e-5, 1e-5 * maxabs(gx, n));
+  get_f(gotw, dgw, H, CG_DT_F32);
+  cmp("rmsnorm bwd dw += (f32)", gotw, gw, H, CG_DT_F32, 1e-5, 1e-5 * maxabs(gw, H));
+  /* in place: dx aliasing dy */
+  RUN(rt_cuda_rmsnorm_bwd(K, tx, tw, dx, dw, dg, dg, 0, T, H, EPS));
+  get_f(got, dg, n, tx);
+  cmp("rmsnorm bwd dx in place", got, gx, n, tx, 1e-5, 1e-5 * maxabs(gx, n));
+  expect_flag("rmsnorm", CK_OK);
+  free(x), free(w), free(y), free(got), free(g), free(gx), free(gw), free(gotw);
+  dfree_all();
+}
+
+static void test_rope(cg_dtype t) {
+  printf("rope [%s] (theta 5e5, seq %d over %d rows):\n", cg_dtype_name(t), SEQ, T);
+  const int64_t n = (int64_t)T * NH * HD;
+  float *x = rnd(n, -2, 2, t), *y = falloc(n), *got = falloc(n);
+  gpu_ptr dx = up_f(x, n, t), dy = dmalloc((size_t)n * 4);
+  CHECK(ck_rope_fwd(x, y, T, NH, HD, SEQ, 5e5) == CK_OK, "ck_rope_fwd");
+  RUN(rt_cuda_rope_fwd(K, t, dx, dy, T, NH, HD, SEQ, 5e5));
+  get_f(got, dy, n, t);
+  cmp("rope fwd", got, y, n, t, -1, 0);
+  CHECK(ck_rope_bwd(x, y, T, NH, HD, SEQ, 5e5) == CK_OK, "ck_rope_bwd");
+  RUN(rt_cuda_rope_bwd(K, t, dx, dx, T, NH, HD, SEQ, 5e5)); /* in place */
+  get_f(got, dx, n, t);
+  cmp("rope bwd in place", got, y, n, t, -1, 0);
+  CHECK(rt_cuda_rope_fwd(K, t, dx, dy, T, NH, HD - 1, SEQ, 5e5) != 0, "rope accepted an odd head dim");
+  expect_flag("rope", CK_OK);
+  free(x), free(y), free(got);
+  dfree_all();
+}
+
+/* ---- router ---- */
+
+static void test_router(void) {
+  printf("router (T=%d, E=%d, k=%d):\n", T, E, KK);
+  const int64_t te = (int64_t)T * E;
+  float *logits = rnd(te, -3, 3, CG_DT_F32), *got = falloc(te), *want = falloc(te);
+  /* ties and NaN for top-k: rows 0..99 draw from four values, some rows hold a NaN */
+  float *tl = dup(logits, te);
+  for (int64_t i = 0; i < 100 * E; i++) tl[i] = (float)rng_int(4) - 1.0f;
+  for (int64_t r = 100; r < 110; r++) tl[r * E + rng_int(E)] = NAN;
+  int32_t *idx = malloc(sizeof(int32_t) * T * KK), *gidx = malloc(sizeof(int32_t) * T * KK);
+  gpu_ptr dl = up_f(tl, te, CG_DT_F32), didx = dmalloc(sizeof(int32_t) * T * KK);
+  CHECK(ck_topk(tl, idx, T, E, KK) == CK_OK, "ck_topk");
+  RUN(rt_cuda_topk(K, dl, didx, T, E, KK));
+  download(gidx, didx, sizeof(int32_t) * T * KK);
+  CHECK(memcmp(idx, gidx, sizeof(int32_t) * T * KK) == 0, "topk ids differ (ties and NaN included)");
+  printf("  %-44s %6d rows, exact (ties, NaN)\n", "topk", T);
+  CHECK(rt_cuda_topk(K, dl, didx, T, E, E + 1) != 0, "topk accepted k > E");
+
+  upload(dl, logits, te * 4);
+  CHECK(ck_topk(logits, idx, T, E, KK) == CK_OK, "ck_topk");
+  upload(didx, idx, sizeof(int32_t) * T * KK);
+  gpu_ptr dout = dmalloc(te * 4), dsc = dmalloc(8);
+
+  ck_softmax_rows(logits, want, T, E);
+  RUN(rt_cuda_softmax_rows(K, dl, dout, T, E));
+  get_f(got, dout, te, CG_DT_F32);
+  cmp("softmax rows", got, want, te, CG_DT_F32, 2e-6, 1e-9);
+  double *lse = dalloc(T), *glse = dalloc(T);
+  ck_logsumexp_rows(logits, lse, T, E);
+  gpu_ptr dlse = dmalloc(sizeof(double) * T);
+  RUN(rt_cuda_logsumexp_rows(K, dl, dlse, T, E));
+  download(glse, dlse, sizeof(double) * T);
+  float *glf = falloc(T);
+  for (int i = 0; i < T; i++) glf[i] = (float)(glse[i] - lse[i]);
+  double *zero = dalloc(T);
+  check_close("logsumexp rows (double; got - want)", glf, zero, T, 0, 1e-12 * 8);
+
+  float *w = falloc((int64_t)T * KK), *gw = falloc((int64_t)T * KK);
+  CHECK(ck_route_weights_fwd(logits, idx, w, T, E, KK) == CK_OK, "ck_route_weights_fwd");
+  gpu_ptr dw = dmalloc(sizeof(float) * T * KK);
+  RUN(rt_cuda_route_weights_fwd(K, dl, didx, dw, T, E, KK));
+  get_f(gw, dw, (int64_t)T * KK, CG_DT_F32);
+  cmp("route_weights fwd", gw, w, (int64_t)T * KK, CG_DT_F32, 2e-6, 1e-9);
+
+  float *g = rnd((int64_t)T * KK, -1, 1, CG_DT_F32);
+  gpu_ptr dg = up_f(g, (int64_t)T * KK, CG_DT_F32);
+  CHECK(ck_route_weights_bwd(logits, idx, g, want, T, E, KK) == CK_OK, "ck_route_weights_bwd");
+  RUN(rt_cuda_route_weights_bwd(K, dl, didx, dg, dout, T, E, KK));
+  get_f(got, dout, te, CG_DT_F32);
+  cmp("route_weights bwd", got, want, te, CG_DT_F32, 1e-5, 1e-5 * maxabs(want, te));
+
+  float loss = 0, gloss = 0, dloss = 0.7f;
+  gpu_ptr ddl = up_f(&dloss, 1, CG_DT_F32);
+  CHECK(ck_aux_loss_fwd(logits, idx, &loss, T, E, KK, 0.01f) == CK_OK, "ck_aux_loss_fwd");
+  RUN(rt_cuda_aux_loss_fwd(K, dl, didx, dsc, T, E, KK, 0.01f));
+  get_f(&gloss, dsc, 1, CG_DT_F32);
+  cmp("aux loss fwd", &gloss, &loss, 1, CG_DT_F32, 1e-6, 0);
+  float *acc = rnd(te, -1, 1, CG_DT_F32);
+  memcpy(want, acc, te * 4);
+  upload(dout, acc, te * 4);
+  CHECK(ck_aux_loss_bwd(logits, idx, dloss, want, T, E, KK, 0.01f) == CK_OK, "ck_aux_loss_bwd");
+  RUN(rt_cuda_aux_loss_bwd(K, dl, didx, ddl, dout, T, E, KK, 0.01f));
+  get_f(got, dout, te, CG_DT_F32);
+  for (int64_t i = 0; i < te; i++) got[i] -= acc[i], want[i] -= acc[i]; /* compare the increments */
+  cmp("aux loss bwd (the += part)", got, want, te, CG_DT_F32, 1e-5, 1e-5 * maxabs(want, te));
+
+  ck_z_loss_fwd(logits, &loss, T, E, 0.001f);
+  RUN(rt_cuda_z_loss_fwd(K, dl, dsc, T, E, 0.001f));
+  get_f(&gloss, dsc, 1, CG_DT_F32);
+  cmp("z loss fwd", &gloss, &loss, 1, CG_DT_F32, 1e-6, 0);
+  memcpy(want, acc, te * 4);
+  upload(dout, acc, te * 4);
+  ck_z_loss_bwd(logits, dloss, want, T, E, 0.001f);
+  RUN(rt_cuda_z_loss_bwd(K, dl, ddl, dout, T, E, 0.001f));
+  get_f(got, dout, te, CG_DT_F32);
+  for (int64_t i = 0; i < te; i++) got[i] -= acc[i], want[i] -= acc[i];
+  cmp("z loss bwd (the += part)", got, want, te, CG_DT_F32, 1e-5, 1e-5 * maxabs(want, te));
+  expect_flag("router", CK_OK);
+
+  idx[5] = E; /* a bad expert id */
+  upload(didx, idx, sizeof(int32_t) * T * KK);
+  RUN(rt_cuda_route_weights_fwd(K, dl, didx, dw, T, E, KK));
+  expect_flag("route_weights fwd with expert id E", CK_EINDEX);
+  free(logits), free(got), free(want), free(tl), free(idx), free(gidx), free(lse), free(glse), free(glf), free(zero);
+  free(w), free(gw), free(g), free(acc);
+  dfree_all();
+}
+
+/* ---- the expert permutation, dispatch and combine ---- */
+
+static void test_route(cg_dtype t, int distinct) {
+  printf("route, dispatch, combine [%s] (%s expert ids):\n", cg_dtype_name(t),
+         distinct ? "top-k, distinct per token" : "random, repeats within a token");
+  const int64_t np = (int64_t)T * KK, nmax = distinct ? T : np;
+  int32_t *idx = malloc(sizeof(int32_t) * np);
+  if (distinct) {
+    float *l = rnd((int64_t)T * E, -1, 1, CG_DT_F32);
+    ck_topk(l, idx, T, E, KK);
+    free(l);
+  } else {
+    for (int64_t i = 0; i < np; i++) idx[i] = rng_int(i % 5 ? E : 2); /* skewed: experts 0, 1 hot */
+  }
+  gpu_ptr didx = up_raw(idx, sizeof(int32_t) * np);
+  rt_cuda_routing r = {dmalloc(4 * np), dmalloc(4 * np), dmalloc(4 * np), dmalloc(4 * E), dmalloc(4 * (E + 1))};
+  RUN(rt_cuda_route(K, didx, T, KK, E, &r));
+  int32_t *rows = malloc(4 * np), *slots = malloc(4 * np), *pos = malloc(4 * np), counts[E], offs[E + 1];
+  download(rows, r.rows, 4 * np);
+  download(slots, r.slots, 4 * np);
+  download(pos, r.pos, 4 * np);
+  download(counts, r.counts, sizeof counts);
+  download(offs, r.offsets, sizeof offs);
+  int32_t *wr = malloc(4 * np), *ws = malloc(4 * np);
+  int ok = offs[0] == 0 && offs[E] == np;
+  for (int e = 0; e < E; e++) {
+    int64_t n = ck_route_rows(idx, T, KK, e, wr, ws);
+    ok &= counts[e] == n && offs[e + 1] - offs[e] == n;
+    ok &= n == 0 || (memcmp(wr, rows + offs[e], 4 * n) == 0 && memcmp(ws, slots + offs[e], 4 * n) == 0);
+  }
+  for (int64_t i = 0; i < np; i++) ok &= pos[i] >= 0 && pos[i] < np && rows[pos[i]] == i / KK && slots[pos[i]] == i % KK;
+  CHECK(ok, "route: counts, offsets, rows, slots or pos differ from ck_route_rows");
+  if (!ok) { /* the rest would index with bad rows */
+    free(idx), free(rows), free(slots), free(pos), free(wr), free(ws);
+    dfree_all();
+    return;
+  }
+  printf("  %-44s %6lld pairs, exact (counts, offsets, rows, slots, pos)\n", "route (ck_route_rows, all experts)", (long long)np);
+
+  /* dispatch per expert and all at once */
+  const int64_t xn = (int64_t)T * H;
+  float *x = rnd(xn, -1, 1, t), *xe = falloc(np * H), *got = falloc(np * H);
+  gpu_ptr dx = up_f(x, xn, t), dxe = dmalloc(np * H * 4), dall = dmalloc(np * H * 4);
+  int exact = 1;
+  for (int e = 0; e < E; e++) {
+    int64_t n = ck_route_rows(idx, T, KK, e, wr, ws);
+    CHECK(ck_dispatch_fwd(x, wr, xe, T, n, H) == CK_OK, "ck_dispatch_fwd");
+    RUN(rt_cuda_dispatch_fwd(K, t, dx, r.rows, r.offsets, e, dxe, T, nmax, H));
+    get_f(got, dxe, n * H, t);
+    exact &= memcmp(got, xe, (size_t)(n * H) * 4) == 0;
+  }
+  CHECK(exact, "dispatch fwd per expert differs");
+  printf("  %-44s %6d experts, bit-exact\n", "dispatch fwd, one expert at a time", E);
+  RUN(rt_cuda_dispatch_fwd(K, t, dx, r.rows, r.offsets, -1, dall, T, np, H));
+  get_f(got, dall, np * H, t);
+  for (int64_t p = 0; p < np; p++) memcpy(xe + p * H, x + (int64_t)rows[p] * H, H * 4);
+  cmp("dispatch fwd, all experts", got, xe, np * H, t, -1, 0);
+
+  /* dispatch bwd: per expert (exact), and the gathered all-experts form */
+  float *dxa = rnd(xn, -1, 1, t), *dxw = dup(dxa, xn), *gdx = falloc(xn);
+  float *ge = rnd(np * H, -1, 1, t);
+  gpu_ptr dge = up_f(ge, np * H, t), ddx = up_f(dxa, xn, t);
+  exact = 1;
+  for (int e = 0; e < E && distinct; e++) {
+    int64_t n = ck_route_rows(idx, T, KK, e, wr, ws);
+    float *dxc = dup(dxa, xn);
+    CHECK(ck_dispatch_bwd(ge + (int64_t)offs[e] * H, wr, dxc, T, n, H) == CK_OK, "ck_dispatch_bwd");
+    if (t == CG_DT_BF16) ck_round_bf16(dxc, xn);
+    gpu_ptr fresh = up_f(dxa, xn, t);
+    RUN(rt_cuda_dispatch_bwd(K, t, dge + (gpu_ptr)offs[e] * H * dts(t), r.rows, r.offsets, e, fresh, T, nmax, H));
+    get_f(gdx, fresh, xn, t);
+    exact &= memcmp(gdx, dxc, (size_t)xn * 4) == 0;
+    free(dxc);
+  }
+  if (distinct) {
+    CHECK(exact, "dispatch bwd per expert differs");
+    printf("  %-44s %6d experts, bit-exact\n", "dispatch bwd += , one expert at a time", E);
+  }
+  for (int e = 0; e < E; e++) {
+    int64_t n = ck_route_rows(idx, T, KK, e, wr, ws);
+    ck_dispatch_bwd(ge + (int64_t)offs[e] * H, wr, dxw, T, n, H);
+  }
+  RUN(rt_cuda_dispatch_bwd_all(K, t, dge, r.pos, ddx, T, KK, H));
+  get_f(gdx, ddx, xn, t);
+  cmp("dispatch bwd +=, all experts (gathered)", gdx, dxw, xn, t, 1e-5, 1e-6);
+
+  /* combine: expert outputs stacked in permutation order */
+  float *y = rnd(np * H, -1, 1, t), *w = rnd(np, 0.1f, 1, t), *out = falloc(xn);
+  const float *yp[E];
+  float *dyp[E];
+  float *dyw = falloc(np * H), *dw = falloc(np), *gdw = falloc(np);
+  for (int e = 0; e < E; e++) yp[e] = y + (int64_t)offs[e] * H, dyp[e] = dyw + (int64_t)offs[e] * H;
+  gpu_ptr dy = up_f(y, np * H, t), dwt = up_f(w, np, t), dout = dmalloc(xn * 4);
+  CHECK(ck_combine_fwd(idx, w, yp, out, T, KK, E, H) == CK_OK, "ck_combine_fwd");
+  RUN(rt_cuda_combine_fwd(K, t, t, r.pos, dwt, dy, dout, T, KK, H));
+  get_f(gdx, dout, xn, t);
+  cmp("combine fwd", gdx, out, xn, t, -1, 0);
+  float *go = rnd(xn, -1, 1, t);
+  gpu_ptr dgo = up_f(go, xn, t), ddy = dmalloc(np * H * 4), ddw = dmalloc(np * 4);
+  CHECK(ck_combine_bwd(idx, w, yp, go, dyp, dw, T, KK, E, H) == CK_OK, "ck_combine_bwd");
+  RUN(rt_cuda_combine_bwd(K, t, t, r.pos, dwt, dy, dgo, ddy, ddw, T, KK, H));
+  get_f(got, ddy, np * H, t);
+  cmp("combine bwd dy", got, dyw, np * H, t, -1, 0);
+  get_f(gdw, ddw, np, CG_DT_F32);
+  cmp("combine bwd dw (f32)", gdw, dw, np, CG_DT_F32, 1e-6, 1e-7);
+  expect_flag("route", CK_OK);
+
+  idx[7] = -3;
+  upload(didx, idx, 4 * np);
+  RUN(rt_cuda_route(K, didx, T, KK, E, &r));
+  expect_flag("route with expert id -3", CK_EINDEX);
+  free(idx), free(rows), free(slots), free(pos), free(wr), free(ws), free(x), free(xe), free(got), free(dxa), free(dxw);
+  free(gdx), free(ge), free(y), free(w), free(out), free(dyw), free(dw), free(gdw), free(go);
+  dfree_all();
+}
+
+/* ---- loss ---- */
+
+static void test_cross_entropy(cg_dtype t) {
+  printf("cross-entropy [logits %s] (T=%d, V=%d, ~10%% masked):\n", cg_dtype_name(t), T, V);
+  const int64_t n = (int64_t)T * V;
+  float *logits = rnd(n, -6, 6, t), *want = falloc(n), *got = falloc(n);
+  int32_t lab[T];
+  for (int i = 0; i < T; i++) lab[i] = rng_int(10) == 0 ? -1 : rng_int(V);
+  gpu_ptr dl = up_f(logits, n, t), dlab = up_raw(lab, sizeof lab), dsc = dmalloc(4), dg = dmalloc(n * 4);
+  float loss = 0, gloss = 0, dloss = 1.3f;
+  gpu_ptr ddl = up_f(&dloss, 1, CG_DT_F32);
+  CHECK(ck_cross_entropy_fwd(logits, lab, &loss, T, V) == CK_OK, "ck_cross_entropy_fwd");
+  RUN(rt_cuda_cross_entropy_fwd(K, t, dl, dlab, dsc, T, V));
+  get_f(&gloss, dsc, 1, CG_DT_F32);
+  cmp("cross-entropy loss", &gloss, &loss, 1, CG_DT_F32, 1e-6, 0);
+  CHECK(ck_cross_entropy_bwd(logits, lab, dloss, want, T, V) == CK_OK, "ck_cross_entropy_bwd");
+  RUN(rt_cuda_cross_entropy_bwd(K, t, dl, dlab, ddl, dg, T, V));
+  get_f(got, dg, n, CG_DT_F32);
+  cmp("cross-entropy dlogits (f32)", got, want, n, CG_DT_F32, 1e-5, 1e-5 * maxabs(want, n));
+  expect_flag("cross-entropy", CK_OK);
+  lab[3] = V + 4;
+  upload(dlab, lab, sizeof lab);
+  RUN(rt_cuda_cross_entropy_fwd(K, t, dl, dlab, dsc, T, V));
+  expect_flag("cross-entropy with label V+4", CK_EINDEX);
+  free(logits), free(want), free(got);
+  dfree_all();
+}
+
+/* ---- optimizer ---- */
+
+static void test_optim(void) {
+  printf("optimizer:\n");
+  const int64_t n = 20011;
+  static const struct {
+    double b1, wd, clip;
+    int64_t step;
+    float norm;
+  } cs[] = {{0.9, 0.1, 1.0, 1, 3.5f}, {0.9, 0.0, 1.0, 100, 0.25f}, {0.3, 0.1, 0.0, 7, 2.0f}, {0.9, 0.1, 1.0, 3, NAN}};
+  for (size_t c = 0; c < sizeof cs / sizeof cs[0]; c++) {
+    float *p = rnd(n, -1, 1, CG_DT_F32), *g = rnd(n, -1, 1, CG_DT_F32), *m = rnd(n, -0.1f, 0.1f, CG_DT_F32);
+    float *v = rnd(n, 1e-6f, 1e-2f, CG_DT_F32), *got = falloc(n);
+    gpu_ptr dp = up_f(p, n, CG_DT_F32), dg = up_f(g, n, CG_DT_F32), dm = up_f(m, n, CG_DT_F32), dv = up_f(v, n, CG_DT_F32);
+    gpu_ptr dn = up_f(&cs[c].norm, 1, CG_DT_F32);
+    float scale = cs[c].clip > 0 ? ck_clip_coef(cs[c].norm, cs[c].clip) : 1.0f;
+    ck_adamw_step(p, g, m, v, n, cs[c].step, scale, 3e-4, cs[c].b1, 0.95, 1e-8, cs[c].wd);
+    rt_cuda_adamw_hp hp = {3e-4, cs[c].b1, 0.95, 1e-8, cs[c].wd, cs[c].step, cs[c].clip};
+    RUN(rt_cuda_adamw_step(K, dp, dg, dm, dv, n, dn, &hp));
+    char what[96];
+    snprintf(what, sizeof what, "adamw b1=%g wd=%g clip=%g step=%lld norm=%g: p", cs[c].b1, cs[c].wd, cs[c].clip,
+             (long long)cs[c].step, cs[c].norm);
+    get_f(got, dp, n, CG_DT_F32);
+    cmp(what, got, p, n, CG_DT_F32, -1, 0);
+    get_f(got, dm, n, CG_DT_F32);
+    cmp("  m", got, m, n, CG_DT_F32, -1, 0);
+    get_f(got, dv, n, CG_DT_F32);
+    cmp("  v", got, v, n, CG_DT_F32, -1, 0);
+    free(p), free(g), free(m), free(v), free(got);
+    dfree_all();
+  }
+  /* global norm over buffers of assorted sizes (one empty) */
+  int64_t sizes[] = {1000, 1, 0, 70001, 4096};
+  const float *bufs[5];
+  gpu_ptr dbufs[5];
+  float *hb[5];
+  for (int i = 0; i < 5; i++) {
+    hb[i] = rnd(sizes[i], -2, 2, CG_DT_F32);
+    bufs[i] = hb[i];
+    dbufs[i] = up_f(hb[i], sizes[i], CG_DT_F32);
+  }
+  float want = (float)ck_grad_norm(bufs, sizes, 5), got = 0;
+  gpu_ptr dn = dmalloc(4);
+  RUN(rt_cuda_grad_norm(K, dbufs, sizes, 5, dn));
+  get_f(&got, dn, 1, CG_DT_F32);
+  cmp("grad norm (5 tensors, one empty)", &got, &want, 1, CG_DT_F32, 1e-6, 0);
+  for (int i = 0; i < 5; i++) free(hb[i]);
+  expect_flag("optimizer", CK_OK);
+  dfree_all();
+}
+
+/* ---- MXFP8 ---- */
+
+/* Values across many binades (so blocks get many scales), plus special blocks. */
+static float *mx_input(int64_t rows, int64_t cols, cg_dtype t) {
+  float *x = falloc(rows * cols);
+  for (int64_t b = 0; b < rows * cols / 32; b++) {
+    int ex = (int)rng_int(60) - 30;
+    for (int i = 0; i < 32; i++) {
+      float m = rng_float(1.0f, 2.0f) * (rng_int(2) ? 1.0f : -1.0f);
+      x[b * 32 + i] = ldexpf(m, ex - (int)rng_int(12));
+    }
+  }
+  const int64_t n = rows * cols;
+  x[0] = NAN;                               /* a NaN block */
+  x[40] = INFINITY;                         /* an inf block */
+  for (int i = 64; i < 96; i++) x[i] = 0.0f; /* an all-zero block */
+  x[100] = 3.0e38f;                         /* a huge value */
+  for (int i = 128; i < 160; i++) x[i] = ldexpf(1.0f + i % 7, -140); /* subnormals */
+  x[n - 1] = 448.0f, x[n - 2] = -464.0f, x[n - 3] = 0.0009765625f;   /* the edges */
+  if (t == CG_DT_BF16) ck_round_bf16(x, n);
+  return x;
+}
+
+static void test_mxfp8(cg_dtype t, int block, int share) {
+  printf("mxfp8 [%s] block %d%s:\n", cg_dtype_name(t), block, share ? ", 128-shared scales" : "");
+  const int64_t rows = 48, cols = 1024, n = rows * cols, nb = n / block;
+  float *x = mx_input(rows, cols, t);
+  uint8_t *q = malloc(n), *s = malloc(nb), *gq = malloc(n), *gs = malloc(nb);
+  CHECK(ck_mxfp8_quantize(x, rows, cols, block, share, q, s) == CK_OK, "ck_mxfp8_quantize");
+  gpu_ptr dx = up_f(x, n, t), dq = dmalloc(n), ds = dmalloc(nb);
+  RUN(rt_cuda_mxfp8_quantize(K, t, dx, rows, cols, block, share, dq, ds));
+  download(gq, dq, n);
+  download(gs, ds, nb);
+  CHECK(memcmp(q, gq, n) == 0 && memcmp(s, gs, nb) == 0, "mxfp8 quantize differs from ck_mxfp8_quantize");
+  printf("  %-44s %6lld values, bit-exact (elements and scales)\n", "quantize", (long long)n);
+
+  /* column-wise: the same as quantizing the transpose */
+  float *xt = falloc(n); /* x^T (cols, rows): its column-wise quantization is x's row-wise one */
+  for (int64_t c = 0; c < cols; c++)
+    for (int64_t r = 0; r < rows; r++) xt[c * rows + r] = x[r * cols + c];
+  gpu_ptr dxt = up_f(xt, n, t);
+  RUN(rt_cuda_mxfp8_quantize_cols(K, t, dxt, cols, rows, block, share, dq, ds));
+  download(gq, dq, n);
+  download(gs, ds, nb);
+  CHECK(memcmp(q, gq, n) == 0 && memcmp(s, gs, nb) == 0, "mxfp8 quantize_cols differs from ck on the transpose");
+  printf("  %-44s %6lld values, bit-exact\n", "quantize columns (x^T)", (long long)n);
+
+  /* dequantize: every element code under every scale code */
+  uint8_t *aq = malloc(256 * 256), *as = malloc(256 * 256 / block);
+  for (int i = 0; i < 256 * 256; i++) aq[i] = (uint8_t)(i % 256);
+  for (int i = 0; i < 256 * 256 / block; i++) as[i] = (uint8_t)(i * block / 256);
+  float *want = falloc(256 * 256), *got = falloc(256 * 256);
+  CHECK(ck_mxfp8_dequantize(aq, as, 256, 256, block, want) == CK_OK, "ck_mxfp8_dequantize");
+  gpu_ptr daq = up_raw(aq, 256 * 256), das = up_raw(as, 256 * 256 / block), dout = dmalloc(256 * 256 * 4);
+  RUN(rt_cuda_mxfp8_dequantize(K, t, daq, das, 256, 256, block, dout));
+  get_f(got, dout, 256 * 256, t);
+  cmp("dequantize (all codes x all scales)", got, want, 256 * 256, t, -1, 0);
+  CHECK(rt_cuda_mxfp8_quantize(K, t, dx, rows, 100, block, share, dq, ds) != 0, "mxfp8 accepted cols = 100");
+  expect_flag("mxfp8", CK_OK);
+  free(x), free(q), free(s), free(gq), free(gs), free(xt), free(aq), free(as), free(want), free(got);
+  dfree_all();
+}
+
+static void test_oom(void) {
+  gpu_ptr p = 0;
+  int rc = gpu_alloc(G, &p, (size_t)1 << 50, "a 1 PiB test buffer");
+  CHECK(rc != 0, "a 1 PiB allocation succeeded");
+  const char *m = gpu_error(G);
+  CHECK(strstr(m, "out of GPU memory allocating a 1 PiB test buffer: asked") && strstr(m, "free of") &&
+            strstr(m, "mxfp8"),
+        "out-of-memory message: %s", m);
+  printf("  out of memory: %s\n", m);
+  if (rc == 0) gpu_free(G, p);
+}
+
+int main(void) {
+  double t0 = ck_now();
+  setvbuf(stdout, NULL, _IOLBF, 0); /* a log that survives a crash */
+  const char *seed_env = getenv("MOEC_TEST_SEED");
+  uint64_t seed = seed_env ? strtoull(seed_env, NULL, 0) : (uint64_t)time(NULL);
+  ck_rng_state = seed;
+  char err[2048];
+  if (gpu_driver_load(err, sizeof err) != 0) {
+    printf("SKIP: no CUDA driver/GPU (%s)\n", err);
+    return 0;
+  }
+  int ndev = 0;
+  if (gpu_device_count(&ndev, err, sizeof err) != 0 || ndev == 0) {
+    printf("SKIP: no CUDA driver/GPU (%s)\n", ndev == 0 ? "the driver sees no GPU" : err);
+    return 0;
+  }
+  G = gpu_open(0, err, sizeof err);
+  if (!G) {
+    printf("FAIL: a GPU is present but cannot be opened: %s\n", err);
+    return 1;
+  }
+  const gpu_device_info *d = gpu_info(G);
+  char mem[32];
+  printf("GPU 0: %s, sm_%d%d, %d SMs, %s, driver %d.%d; seed %llu (MOEC_TEST_SEED repeats it)\n", d->name,
+         d->cc_major, d->cc_minor, d->sm_count, gpu_fmt_bytes(d->total_mem, mem, sizeof mem),
+         d->driver_version / 1000, d->driver_version % 1000 / 10, (unsigned long long)seed);
+  const char *cache = getenv("MOEC_TEST_CACHE"); /* default: no disk cache, always compile */
+  rt_cuda_opts o = {.cache_dir = cache ? cache : "", .dump_dir = getenv("MOEC_DUMP_DIR")};
+  K = rt_cuda_new(G, &o, err, sizeof err);
+  if (!K) {
+    printf("FAIL: a GPU is present but its kernels cannot be built: %s\n", err);
+    gpu_close(G);
+    return 1;
+  }
+  printf("kernels built for %s\n", rt_cuda_arch(K));
+  if (rt_cuda_load_all(K) != 0) {
+    printf("FAIL: %s\n", rt_cuda_error(K));
+    return 1;
+  }
+  test_cast();
+  for (int t = 0; t < CG_DT_COUNT; t++) {
+    test_elementwise((cg_dtype)t);
+    test_embedding((cg_dtype)t);
+    for (int w = 0; w < CG_DT_COUNT; w++) test_rmsnorm((cg_dtype)t, (cg_dtype)w);
+    test_rope((cg_dtype)t);
+    test_route((cg_dtype)t, 1);
+    test_route((cg_dtype)t, 0);
+    test_cross_entropy((cg_dtype)t);
+    test_mxfp8((cg_dtype)t, 32, 0);
+    test_mxfp8((cg_dtype)t, 32, 1);
+  }
+  test_router();
+  test_optim();
+  test_oom();
+  rt_cuda_free(K);
+  printf("peak GPU memory held by the test: %s\n", gpu_fmt_bytes(gpu_peak_bytes(G), mem, sizeof mem));
+  gpu_close(G);
+  return ck_finish("test_gpu_kernels", t0);
+}
