@@ -8,6 +8,12 @@
 
 #include "frontend.h"
 #include "pipeline.h"
+#include "bundle.h"
+#include "gpu_loader.h"
+#include "memplan.h"
+#include "train.h"
+
+#include <unistd.h>
 
 #define MAX_SETS 256
 
@@ -17,6 +23,9 @@ typedef struct {
   int n_sets;
   pipeline_opts pipe;
   const char *dot;
+  const char *out; /* compile -o */
+  train_opts train;
+  const char *device;
 } cli;
 
 static const char *usage_main =
@@ -27,6 +36,8 @@ static const char *usage_main =
     "commands:\n"
     "  check   parse, lower and verify a model; print a one-line summary\n"
     "  dump    print the IR (after lowering, or after any pass)\n"
+    "  train   train a model on a genome (FASTA), on the CPU\n"
+    "  compile write a standalone training executable for a model\n"
     "\n"
     "Run 'moec COMMAND --help' for a command's options; docs/language.md describes .moe files.\n";
 
@@ -45,8 +56,51 @@ static const char *usage_dump =
     "  --passes=LIST           run only these passes (comma-separated), in pipeline order\n"
     "  --disable-pass=LIST     skip these passes\n"
     "  --print-after=all|LIST  print the IR after these passes (default: the final IR)\n"
+    "  --print-after-change    print only after passes that changed the IR (alone: after each of them)\n"
+    "  --dump-dir=DIR          also write DIR/NN-after-PASS.mir after lower and each pass run\n"
+    "                          (NN: the pass's place in the pipeline)\n"
+    "  --pass-timing           print each pass's time and op counts (stderr)\n"
     "  --train                 build the whole training step: forward, loss, backward, AdamW\n"
     "  --dot=OUT.dot           also write the final IR as a Graphviz graph\n";
+
+static const char *usage_train =
+    "usage: moec train FILE.moe [options]\n"
+    "\n"
+    "Trains the model on the data its train section names (or --data), printing progress,\n"
+    "validation loss in nats and bits per base, and writing checkpoints.\n"
+    "  --data PATH            FASTA, FASTA.gz or BGZF genome (overrides the file's data)\n"
+    "  --steps N              run length and learning-rate schedule horizon\n"
+    "  --stop-at STEP         end after STEP, as if interrupted (checkpoint with --ckpt-dir);\n"
+    "                         0 writes the untrained weights\n"
+    "  --device cpu|cuda      where to train (default: cuda when a GPU is present)\n"
+    "  --dump-dir DIR         write the generated CUDA sources and NVRTC logs into DIR\n"
+    "  --log FILE.jsonl       one JSON line per step and per validation\n"
+    "  --ckpt-dir DIR         write checkpoints (safetensors, Hugging Face layout) into DIR\n"
+    "  --ckpt-every N         checkpoint every N steps (and always at the end)\n"
+    "  --resume               continue from DIR/latest, bit-exactly\n"
+    "  --seed N               initialisation and data order seed\n"
+    "  --val-batches N        batches per validation (default 8)\n"
+    "  --set NAME=VALUE       override a size or training value (see docs/language.md)\n"
+    "  --passes/--disable-pass/--print-after/--print-after-change/--dump-dir/--pass-timing\n"
+    "                         as for 'moec dump' (they apply to the training step)\n";
+
+static const char *usage_compile =
+    "usage: moec compile FILE.moe -o NAME [--set NAME=VALUE]...\n"
+    "\n"
+    "Checks the model, then writes the executable NAME: moec with the model's source files\n"
+    "(and includes), the --set values and the data path built in. './NAME [train options]'\n"
+    "trains without the .moe file; './NAME --help' lists the options.\n"
+    "  --passes/--disable-pass/--print-after/--print-after-change/--dump-dir/--pass-timing\n"
+    "                     as for 'moec dump', for the training step checked here (the executable\n"
+    "                     takes them too, when it trains)\n";
+
+/* Set when this binary is a compiled model (moec compile): the model's files. */
+static moec_bundle embedded;
+static int is_embedded;
+
+static ir_graph *load_model(const cli *c, moec_sources *record) {
+  return moec_frontend_load_ex(c->file, c->sets, c->n_sets, stderr, is_embedded ? &embedded.sources : NULL, record);
+}
 
 static void print_passes(FILE *out) {
   int n;
@@ -72,9 +126,32 @@ static int take_flag(int argc, char **argv, int *i, const char *name, const char
   return 1;
 }
 
+static int add_set(cli *c, const char *name, const char *value) {
+  if (c->n_sets == MAX_SETS) {
+    fprintf(stderr, "moec: error: more than %d --set options\n", MAX_SETS);
+    return -1;
+  }
+  c->sets[c->n_sets++] = (moec_set){name, value};
+  return 0;
+}
+
+/* A non-negative integer flag value. */
+static int parse_count(const char *flag, const char *v, int64_t *out) {
+  char *end;
+  errno = 0;
+  long long n = strtoll(v, &end, 10);
+  if (errno || end == v || *end || n < 0) {
+    fprintf(stderr, "moec: error: %s %s: expected a non-negative integer\n", flag, v);
+    return -1;
+  }
+  *out = n;
+  return 0;
+}
+
 static int parse_args(int argc, char **argv, cli *c, const char *usage) {
   memset(c, 0, sizeof *c);
   c->pipe.dump = stdout;
+  c->train.stop_at = -1;
   for (int i = 2; i < argc; i++) {
     const char *v;
     if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
@@ -87,20 +164,45 @@ static int parse_args(int argc, char **argv, cli *c, const char *usage) {
         fprintf(stderr, "moec: error: --set %s: expected NAME=VALUE, e.g. --set top_k=1\n", v);
         return -1;
       }
-      if (c->n_sets == MAX_SETS) {
-        fprintf(stderr, "moec: error: more than %d --set options\n", MAX_SETS);
-        return -1;
-      }
       /* argv strings are ours to split */
-      argv[i] = (char *)v;
       ((char *)eq)[0] = 0;
-      c->sets[c->n_sets++] = (moec_set){v, eq + 1};
+      if (add_set(c, v, eq + 1)) return -1;
     } else if (take_flag(argc, argv, &i, "--passes", &v)) {
       c->pipe.passes = v;
     } else if (take_flag(argc, argv, &i, "--disable-pass", &v)) {
       c->pipe.disable = v;
+    } else if (strcmp(argv[i], "--print-after-change") == 0) {
+      c->pipe.print_after_change = 1;
     } else if (take_flag(argc, argv, &i, "--print-after", &v)) {
       c->pipe.print_after = v;
+    } else if (take_flag(argc, argv, &i, "--dump-dir", &v)) {
+      c->pipe.dump_dir = v;
+    } else if (strcmp(argv[i], "--pass-timing") == 0) {
+      c->pipe.pass_timing = 1;
+    } else if (usage == usage_train && take_flag(argc, argv, &i, "--data", &v)) {
+      c->train.data = v;
+    } else if (usage == usage_train && take_flag(argc, argv, &i, "--steps", &v)) {
+      if (add_set(c, "steps", v)) return -1;
+    } else if (usage == usage_train && take_flag(argc, argv, &i, "--seed", &v)) {
+      if (add_set(c, "seed", v)) return -1;
+    } else if (usage == usage_train && take_flag(argc, argv, &i, "--stop-at", &v)) {
+      if (parse_count("--stop-at", v, &c->train.stop_at)) return -1;
+    } else if (usage == usage_train && take_flag(argc, argv, &i, "--ckpt-every", &v)) {
+      if (parse_count("--ckpt-every", v, &c->train.ckpt_every)) return -1;
+    } else if (usage == usage_train && take_flag(argc, argv, &i, "--val-batches", &v)) {
+      if (parse_count("--val-batches", v, &c->train.val_batches)) return -1;
+    } else if (usage == usage_train && take_flag(argc, argv, &i, "--log", &v)) {
+      c->train.log_path = v;
+    } else if (usage == usage_train && take_flag(argc, argv, &i, "--ckpt-dir", &v)) {
+      c->train.ckpt_dir = v;
+    } else if (usage == usage_train && take_flag(argc, argv, &i, "--dump-dir", &v)) {
+      c->train.dump_dir = v;
+    } else if (usage == usage_train && take_flag(argc, argv, &i, "--device", &v)) {
+      c->device = v;
+    } else if (usage == usage_train && strcmp(argv[i], "--resume") == 0) {
+      c->train.resume = 1;
+    } else if (usage == usage_compile && (take_flag(argc, argv, &i, "-o", &v) || take_flag(argc, argv, &i, "--output", &v))) {
+      c->out = v;
     } else if (strcmp(argv[i], "--train") == 0) {
       c->pipe.train = 1;
     } else if (take_flag(argc, argv, &i, "--dot", &v)) {
@@ -146,7 +248,7 @@ static const char *human(double x, char *buf, size_t n) {
 static int cmd_check(int argc, char **argv) {
   cli c;
   if (parse_args(argc, argv, &c, usage_check)) return 1;
-  ir_graph *g = moec_frontend_load(c.file, c.sets, c.n_sets, stderr);
+  ir_graph *g = load_model(&c, NULL);
   if (!g) return 1;
   double total, active;
   char a[32], b[32];
@@ -162,10 +264,10 @@ static int cmd_check(int argc, char **argv) {
 static int cmd_dump(int argc, char **argv) {
   cli c;
   if (parse_args(argc, argv, &c, usage_dump)) return 1;
-  ir_graph *g = moec_frontend_load(c.file, c.sets, c.n_sets, stderr);
+  ir_graph *g = load_model(&c, NULL);
   if (!g) return 1;
   int rc = pipeline_run(&g, &c.pipe, stderr);
-  if (rc == 0 && !c.pipe.print_after) {
+  if (rc == 0 && !c.pipe.print_after && !c.pipe.print_after_change) {
     pipeline_print_header("pipeline", stdout);
     ir_print(g, stdout);
   }
@@ -186,7 +288,137 @@ static int cmd_dump(int argc, char **argv) {
   return rc == 0 ? 0 : 1;
 }
 
+static int cmd_train(int argc, char **argv) {
+  cli c;
+  if (parse_args(argc, argv, &c, usage_train)) return 1;
+  if (c.device && strcmp(c.device, "cpu") != 0 && strcmp(c.device, "cuda") != 0) {
+    fprintf(stderr, "moec: error: --device %s: expected cpu or cuda\n", c.device);
+    return 1;
+  }
+  /* the GPU when one is present, unless asked otherwise */
+  char derr[256];
+  int n_gpus = 0;
+  c.train.cuda = c.device ? strcmp(c.device, "cuda") == 0
+                          : gpu_driver_load(derr, sizeof derr) == 0 && gpu_device_count(&n_gpus, derr, sizeof derr) == 0 && n_gpus > 0;
+  /* the CUDA executor has no kernels yet for the ops of the fusion passes (grouped GEMM and
+   * GroupedMLP come with the next GPU issue): on the GPU the step keeps the naive experts,
+   * unless --passes asks for them explicitly */
+  char gpu_disable[1024];
+  if (c.train.cuda && !c.pipe.passes) {
+    snprintf(gpu_disable, sizeof gpu_disable, "%s%sgroup-linear,grouped-mlp,mxfp8", c.pipe.disable ? c.pipe.disable : "",
+             c.pipe.disable ? "," : "");
+    c.pipe.disable = gpu_disable;
+    fprintf(stderr, "moec: note: --device cuda: group-linear, grouped-mlp and mxfp8 are off (no GPU kernels for their ops yet)\n");
+  }
+  ir_graph *fwd = load_model(&c, NULL);
+  if (!fwd) return 1;
+  ir_graph *step = load_model(&c, NULL);
+  /* the forward graph (validation) takes the same passes, without autodiff, and is not dumped */
+  char fwd_disable[1024];
+  snprintf(fwd_disable, sizeof fwd_disable, "%s%sautodiff", c.pipe.disable ? c.pipe.disable : "", c.pipe.disable ? "," : "");
+  pipeline_opts fwd_opts = {.passes = c.pipe.passes, .disable = fwd_disable, .dump = stdout};
+  c.pipe.train = 1;
+  int rc = 1;
+  if (step && pipeline_run(&fwd, &fwd_opts, stderr) == 0 && pipeline_run(&step, &c.pipe, stderr) == 0) {
+    c.train.moe_path = c.file;
+    c.train.progress = isatty(STDERR_FILENO);
+    rc = moec_train(fwd, step, &c.train);
+  }
+  ir_graph_free(fwd);
+  ir_graph_free(step);
+  return rc;
+}
+
+static int cmd_compile(int argc, char **argv) {
+  cli c;
+  if (parse_args(argc, argv, &c, usage_compile)) return 1;
+  if (!c.out) {
+    fprintf(stderr, "moec: error: compile needs -o NAME (the executable to write)\n");
+    return 1;
+  }
+  moec_bundle b;
+  memset(&b, 0, sizeof b);
+  ir_graph *g = load_model(&c, &b.sources);
+  c.pipe.train = 1;
+  int rc = 1;
+  if (g && pipeline_run(&g, &c.pipe, stderr) == 0) {
+    /* bake in the --set values, then the data path as resolved here (absolute) */
+    b.sets = calloc((size_t)c.n_sets + 1, sizeof *b.sets);
+    if (!b.sets) {
+      fprintf(stderr, "moec: error: out of memory\n");
+      goto done;
+    }
+    for (int i = 0; i < c.n_sets; i++) b.sets[b.n_sets++] = (moec_set){strdup(c.sets[i].name), strdup(c.sets[i].value)};
+    b.sets[b.n_sets++] = (moec_set){strdup("data"), strdup(g->cfg.data)};
+    char err[1024];
+    if (bundle_write(c.out, &b, err, sizeof err) != 0) {
+      fprintf(stderr, "moec: error: -o %s: %s\n", c.out, err);
+      goto done;
+    }
+    printf("wrote %s: trains %s (%d source file%s, data %s); run './%s --help'\n", c.out, g->model_name, b.sources.n,
+           b.sources.n == 1 ? "" : "s", g->cfg.data, c.out);
+    memplan mp;
+    memplan_estimate(g, &mp);
+    char t[32], p[32], o[32], a[32];
+    printf("predicted peak GPU memory: %s (weights %s, AdamW moments %s, activations %s at most)\n",
+           gpu_fmt_bytes((size_t)mp.total, t, sizeof t), gpu_fmt_bytes((size_t)mp.params, p, sizeof p),
+           gpu_fmt_bytes((size_t)mp.optimizer, o, sizeof o), gpu_fmt_bytes((size_t)mp.activations, a, sizeof a));
+    rc = 0;
+  }
+done:
+  ir_graph_free(g);
+  bundle_free(&b);
+  return rc;
+}
+
+/* A compiled model: behave as `moec train <embedded file> --set <baked>... ARGS`. */
+static int run_embedded(int argc, char **argv) {
+  int n = 0;
+  char **args = calloc((size_t)(argc + 2 * embedded.n_sets + 4), sizeof *args);
+  if (!args) return 1;
+  args[n++] = argv[0];
+  args[n++] = "train";
+  for (int i = 1; i < argc; i++)
+    if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+      printf("usage: %s [options]\n\na moec training executable for %s (moec compile).\n%s", argv[0],
+             embedded.sources.v[0].path, strstr(usage_train, "\n") + 1);
+      free(args);
+      return 0;
+    }
+  args[n++] = embedded.sources.v[0].path;
+  char **kv = calloc((size_t)embedded.n_sets + 1, sizeof *kv);
+  int rc = kv ? 0 : 1;
+  for (int i = 0; rc == 0 && i < embedded.n_sets; i++) {
+    size_t len = strlen(embedded.sets[i].name) + strlen(embedded.sets[i].value) + 2;
+    if (!(kv[i] = malloc(len))) {
+      rc = 1;
+      break;
+    }
+    snprintf(kv[i], len, "%s=%s", embedded.sets[i].name, embedded.sets[i].value);
+    args[n++] = "--set";
+    args[n++] = kv[i];
+  }
+  for (int i = 1; i < argc; i++) args[n++] = argv[i];
+  if (rc == 0) rc = cmd_train(n, args);
+  for (int i = 0; kv && i < embedded.n_sets; i++) free(kv[i]);
+  free(kv);
+  free(args);
+  return rc;
+}
+
 int main(int argc, char **argv) {
+  char err[256];
+  int found = bundle_read_self(&embedded, err, sizeof err);
+  if (found < 0) {
+    fprintf(stderr, "%s: error: %s\n", argv[0], err);
+    return 1;
+  }
+  if (found > 0) {
+    is_embedded = 1;
+    int rc = run_embedded(argc, argv);
+    bundle_free(&embedded);
+    return rc;
+  }
   if (argc < 2 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "help") == 0) {
     fputs(usage_main, argc < 2 ? stderr : stdout);
     return argc < 2 ? 1 : 0;
@@ -197,6 +429,8 @@ int main(int argc, char **argv) {
   }
   if (strcmp(argv[1], "check") == 0) return cmd_check(argc, argv);
   if (strcmp(argv[1], "dump") == 0) return cmd_dump(argc, argv);
-  fprintf(stderr, "moec: error: unknown command '%s'; the commands are check, dump (see 'moec --help')\n", argv[1]);
+  if (strcmp(argv[1], "train") == 0) return cmd_train(argc, argv);
+  if (strcmp(argv[1], "compile") == 0) return cmd_compile(argc, argv);
+  fprintf(stderr, "moec: error: unknown command '%s'; the commands are check, dump, train, compile (see 'moec --help')\n", argv[1]);
   return 1;
 }

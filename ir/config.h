@@ -15,7 +15,7 @@ typedef struct {
   double norm_eps, rope_theta, aux_loss, z_loss;
 
   /* train { ... } */
-  char data[1024];   /* data path, relative paths resolved against the .moe file's folder */
+  char data[1024];   /* data path, absolute (the front end resolves it against the .moe file) */
   int64_t batch;     /* sequences per step */
   int64_t steps;     /* run length and schedule horizon */
   int64_t seed;

@@ -209,6 +209,153 @@ static int shape_COMBINE(shape_ctx *c) {
   return 0;
 }
 
+
+/* ---- experts over expert-sorted tokens ---- */
+
+/* Requires operand i to be a float tensor of rank 3 (stacked expert weights [E, in, out]). */
+static int want_stacked(shape_ctx *c, int i, const char *what) {
+  const ir_type *t = OPERAND(c, i);
+  char buf[96];
+  if (t->rank != 3 || !is_float(t->dtype))
+    return fail(c, "%s (operand %d, %%%d) must be a float tensor [E, in, out], got %s", what, i, c->n->in[i],
+                ir_type_str(c->g, t, buf, sizeof buf));
+  return 0;
+}
+
+/* Operand i: per-expert counts i32[E] (E from the stacked weight when known, else any). */
+static int want_counts(shape_ctx *c, int i, int64_t E) {
+  if (want_index(c, i, 1, "counts")) return -1;
+  if (E > 0 && OPERAND(c, i)->dims[0] != E)
+    return fail(c, "counts has %lld entries for %lld experts", (long long)OPERAND(c, i)->dims[0], (long long)E);
+  return 0;
+}
+
+/* Operand i: the sorted-row permutation i32[S], S = T*k static. */
+static int want_perm(shape_ctx *c, int i, int64_t S) {
+  if (want_index(c, i, 1, "perm")) return -1;
+  if (OPERAND(c, i)->dims[0] != S)
+    return fail(c, "perm has %lld rows, expected %lld (tokens x top_k)", (long long)OPERAND(c, i)->dims[0], (long long)S);
+  return 0;
+}
+
+static ir_type make3(ir_dtype dt, int64_t d0, int64_t d1, int64_t d2) {
+  ir_type t = {dt, 3, {d0, d1, d2, 0}};
+  return t;
+}
+
+static int shape_EXPERT_COUNTS(shape_ctx *c) {
+  int64_t E;
+  if (want_index(c, 0, 2, "idx") || want_attr_pos(c, "experts", &E)) return -1;
+  *c->out = make(DT_I32, 1, E, 0);
+  return 0;
+}
+
+static int shape_EXPERT_SORT(shape_ctx *c) {
+  int64_t E;
+  if (want_index(c, 0, 2, "idx") || want_attr_pos(c, "experts", &E)) return -1;
+  const ir_type *idx = OPERAND(c, 0);
+  if (idx->dims[0] < 0) return fail(c, "needs a static token count");
+  *c->out = make(DT_I32, 1, idx->dims[0] * idx->dims[1], 0);
+  return 0;
+}
+
+/* Optional routing weights w[T,k] as operand i. */
+static int want_route_w(shape_ctx *c, int i, int64_t T, int64_t k) {
+  const ir_type *w = OPERAND(c, i);
+  if (w->rank != 2 || !is_float(w->dtype) || w->dims[0] != T || w->dims[1] != k)
+    return fail(c, "weights (operand %d) must be float [%lld, %lld]", i, (long long)T, (long long)k);
+  return 0;
+}
+
+static int shape_EXPERT_PERMUTE(shape_ctx *c) {
+  int64_t k;
+  if (want_matrix(c, 0, "x") || want_attr_pos(c, "top_k", &k)) return -1;
+  const ir_type *x = OPERAND(c, 0);
+  if (x->dims[0] < 0) return fail(c, "x needs a static token count");
+  if (want_perm(c, 1, x->dims[0] * k)) return -1;
+  if (c->n->n_in == 3 && want_route_w(c, 2, x->dims[0], k)) return -1;
+  *c->out = make(x->dtype, 2, x->dims[0] * k, x->dims[1]);
+  return 0;
+}
+
+static int shape_EXPERT_UNPERMUTE(shape_ctx *c) {
+  int64_t k;
+  if (want_matrix(c, 0, "ys") || want_attr_pos(c, "top_k", &k)) return -1;
+  const ir_type *ys = OPERAND(c, 0);
+  if (ys->dims[0] < 0 || ys->dims[0] % k) return fail(c, "ys rows must be a static multiple of top_k %lld", (long long)k);
+  if (want_perm(c, 1, ys->dims[0])) return -1;
+  if (c->n->n_in == 3 && want_route_w(c, 2, ys->dims[0] / k, k)) return -1;
+  *c->out = make(ys->dtype, 2, ys->dims[0] / k, ys->dims[1]);
+  return 0;
+}
+
+static int shape_EXPERT_PROBS(shape_ctx *c) {
+  if (want_matrix(c, 0, "w")) return -1;
+  const ir_type *w = OPERAND(c, 0);
+  if (w->dims[0] < 0) return fail(c, "w needs a static token count");
+  if (want_perm(c, 1, w->dims[0] * w->dims[1])) return -1;
+  *c->out = make(DT_F32, 2, w->dims[0] * w->dims[1], 1);
+  return 0;
+}
+
+static int shape_STACK(shape_ctx *c) {
+  int64_t E;
+  if (want_attr_pos(c, "experts", &E)) return -1;
+  if (c->n->n_in % E) return fail(c, "%d operands is not a multiple of experts = %lld", c->n->n_in, (long long)E);
+  int64_t parts = c->n->n_in / E, cols = 0;
+  const ir_type *w0 = OPERAND(c, 0);
+  for (int64_t p = 0; p < parts; p++) {
+    const ir_type *first = OPERAND(c, (int)(p * E));
+    for (int64_t e = 0; e < E; e++) {
+      int i = (int)(p * E + e);
+      if (want_matrix(c, i, "weight")) return -1;
+      const ir_type *w = OPERAND(c, i);
+      if (!ir_type_equal(w, first) || w->dims[0] != w0->dims[0] || w->dtype != w0->dtype)
+        return fail(c, "operand %d differs in type from the other weights of its part (all [in, out_p], one dtype)", i);
+    }
+    cols += first->dims[1];
+  }
+  *c->out = make3(w0->dtype, E, w0->dims[0], cols);
+  return 0;
+}
+
+static int shape_GROUPED_LINEAR(shape_ctx *c) {
+  if (want_matrix(c, 0, "xs") || want_stacked(c, 1, "weight")) return -1;
+  const ir_type *x = OPERAND(c, 0), *w = OPERAND(c, 1);
+  if (want_counts(c, 2, w->dims[0])) return -1;
+  if (x->dims[1] != w->dims[1])
+    return fail(c, "xs has %lld columns but the weights have %lld rows (weights are [E, in, out])", (long long)x->dims[1],
+                (long long)w->dims[1]);
+  if (c->n->n_in == 4) {
+    const ir_type *b = OPERAND(c, 3);
+    if (b->rank != 2 || !is_float(b->dtype) || b->dims[0] != w->dims[0] || b->dims[1] != w->dims[2])
+      return fail(c, "bias must be float [E, out] = [%lld, %lld]", (long long)w->dims[0], (long long)w->dims[2]);
+  }
+  *c->out = make(x->dtype, 2, x->dims[0], w->dims[2]);
+  return 0;
+}
+
+static int want_probs(shape_ctx *c, int i, int64_t S) {
+  const ir_type *p = OPERAND(c, i);
+  if (p->rank != 2 || p->dtype != DT_F32 || p->dims[0] != S || p->dims[1] != 1)
+    return fail(c, "probs (operand %d) must be f32[%lld, 1]", i, (long long)S);
+  return 0;
+}
+
+static int shape_GROUPED_MLP(shape_ctx *c) {
+  int64_t F;
+  if (want_matrix(c, 0, "xs") || want_stacked(c, 1, "gate_up weight") || want_stacked(c, 2, "down weight") ||
+      want_attr_pos(c, "ffn", &F))
+    return -1;
+  const ir_type *x = OPERAND(c, 0), *wgu = OPERAND(c, 1), *wd = OPERAND(c, 2);
+  int64_t E = wgu->dims[0], H = x->dims[1];
+  if (wgu->dims[1] != H || wgu->dims[2] != 2 * F) return fail(c, "gate_up weight must be [E, %lld, %lld]", (long long)H, (long long)(2 * F));
+  if (wd->dims[0] != E || wd->dims[1] != F || wd->dims[2] != H) return fail(c, "down weight must be [%lld, %lld, %lld]", (long long)E, (long long)F, (long long)H);
+  if (want_counts(c, 3, E) || want_probs(c, 4, x->dims[0])) return -1;
+  *c->out = make(x->dtype, 2, x->dims[0], H + 2 * F);
+  return 0;
+}
+
 static int shape_SILU(shape_ctx *c) {
   if (!is_float(OPERAND(c, 0)->dtype)) return fail(c, "needs a float operand");
   *c->out = *OPERAND(c, 0);
@@ -352,6 +499,110 @@ static int shape_COMBINE_BWD_W(shape_ctx *c) {
 static int shape_CROSS_ENTROPY_BWD(shape_ctx *c) {
   if (want_scalar(c, 0) || want_matrix(c, 1, "logits") || want_index(c, 2, 1, "labels")) return -1;
   *c->out = make(DT_F32, 2, OPERAND(c, 1)->dims[0], OPERAND(c, 1)->dims[1]);
+  return 0;
+}
+
+
+static int shape_PAD_COLS(shape_ctx *c) {
+  if (want_matrix(c, 0, "dy")) return -1;
+  int64_t start = ir_get_int(c->n, "start", -1), cols = ir_get_int(c->n, "cols", 0);
+  if (start < 0 || start + OPERAND(c, 0)->dims[1] > cols) return fail(c, "columns out of range");
+  *c->out = make(OPERAND(c, 0)->dtype, 2, OPERAND(c, 0)->dims[0], cols);
+  return 0;
+}
+
+static int shape_UNSTACK(shape_ctx *c) {
+  if (want_stacked(c, 0, "dw")) return -1;
+  const ir_type *d = OPERAND(c, 0);
+  int64_t e = ir_get_int(c->n, "expert", -1), start = ir_get_int(c->n, "start", -1), width = ir_get_int(c->n, "width", 0);
+  if (e < 0 || e >= d->dims[0]) return fail(c, "expert %lld out of range", (long long)e);
+  if (start < 0 || width <= 0 || start + width > d->dims[2]) return fail(c, "columns out of range");
+  *c->out = make(d->dtype, 2, d->dims[1], width);
+  return 0;
+}
+
+static int shape_GROUPED_LINEAR_DGRAD(shape_ctx *c) {
+  if (want_matrix(c, 0, "dy") || want_stacked(c, 1, "weight")) return -1;
+  const ir_type *dy = OPERAND(c, 0), *w = OPERAND(c, 1);
+  if (want_counts(c, 2, w->dims[0])) return -1;
+  if (dy->dims[1] != w->dims[2]) return fail(c, "dy has %lld columns, the weights %lld outputs", (long long)dy->dims[1], (long long)w->dims[2]);
+  *c->out = make(dy->dtype, 2, dy->dims[0], w->dims[1]);
+  return 0;
+}
+
+static int shape_GROUPED_LINEAR_WGRAD(shape_ctx *c) {
+  if (want_matrix(c, 0, "xs") || want_matrix(c, 1, "dy") || want_counts(c, 2, 0)) return -1;
+  const ir_type *x = OPERAND(c, 0), *dy = OPERAND(c, 1);
+  if (x->dims[0] != dy->dims[0]) return fail(c, "xs and dy disagree on the row count");
+  const char *out = ir_get_str(c->n, "out", "");
+  *c->out = make3(strcmp(out, "f32") == 0 ? DT_F32 : x->dtype, OPERAND(c, 2)->dims[0], x->dims[1], dy->dims[1]);
+  return 0;
+}
+
+static int shape_GROUPED_COLSUM(shape_ctx *c) {
+  if (want_matrix(c, 0, "dy") || want_counts(c, 1, 0)) return -1;
+  *c->out = make(DT_F32, 2, OPERAND(c, 1)->dims[0], OPERAND(c, 0)->dims[1]);
+  return 0;
+}
+
+static int shape_GROUPED_MLP_BWD(shape_ctx *c) {
+  int64_t F;
+  if (want_matrix(c, 0, "dy") || want_matrix(c, 1, "gate_up") || want_stacked(c, 2, "down weight") ||
+      want_attr_pos(c, "ffn", &F))
+    return -1;
+  const ir_type *dy = OPERAND(c, 0), *gu = OPERAND(c, 1), *wd = OPERAND(c, 2);
+  if (gu->dims[0] != dy->dims[0] || gu->dims[1] != 2 * F) return fail(c, "gate_up must be [rows of dy, %lld]", (long long)(2 * F));
+  if (wd->dims[1] != F || wd->dims[2] != dy->dims[1]) return fail(c, "down weight must be [E, %lld, %lld]", (long long)F, (long long)dy->dims[1]);
+  if (want_counts(c, 3, wd->dims[0]) || want_probs(c, 4, dy->dims[0])) return -1;
+  *c->out = make(DT_F32, 2, dy->dims[0], 3 * F + 1);
+  return 0;
+}
+
+static int shape_EXPERT_WEIGHT_GRAD(shape_ctx *c) {
+  int64_t k;
+  if (want_matrix(c, 0, "a") || want_matrix(c, 1, "b") || want_attr_pos(c, "top_k", &k)) return -1;
+  const ir_type *a = OPERAND(c, 0), *b = OPERAND(c, 1);
+  if (a->dims[0] < 0 || b->dims[0] != a->dims[0] * k || a->dims[1] != b->dims[1])
+    return fail(c, "a must be [T, H] and b [T*top_k, H]");
+  if (want_perm(c, 2, b->dims[0])) return -1;
+  *c->out = make(DT_F32, 2, a->dims[0], k);
+  return 0;
+}
+
+static int shape_EXPERT_PROBS_BWD(shape_ctx *c) {
+  int64_t k;
+  if (want_matrix(c, 0, "dp") || want_attr_pos(c, "top_k", &k)) return -1;
+  const ir_type *dp = OPERAND(c, 0);
+  if (dp->dims[1] != 1 || dp->dims[0] < 0 || dp->dims[0] % k) return fail(c, "dp must be [T*top_k, 1]");
+  if (want_perm(c, 1, dp->dims[0])) return -1;
+  *c->out = make(DT_F32, 2, dp->dims[0] / k, k);
+  return 0;
+}
+
+static int shape_MXFP8_QUANTIZE(shape_ctx *c) {
+  const ir_type *x = OPERAND(c, 0);
+  char buf[96];
+  if (x->rank < 1 || !is_float(x->dtype))
+    return fail(c, "x must be a float tensor, got %s", ir_type_str(c->g, x, buf, sizeof buf));
+  int64_t block, axis = ir_get_int(c->n, "axis", -1), share = ir_get_int(c->n, "share128", 0);
+  if (want_attr_pos(c, "block", &block)) return -1;
+  if (axis < 0 || axis >= x->rank) return fail(c, "axis %lld is not a dimension of x", (long long)axis);
+  if (share != 0 && share != 1) return fail(c, "share128 must be 0 or 1");
+  if (share && 128 % block) return fail(c, "share128 needs a block that divides 128");
+  if (c->n->n_in == 2) {
+    if (want_counts(c, 1, 0)) return -1;
+    if (axis != 0) return fail(c, "blocks that restart at each expert's rows run along axis 0");
+  }
+  *c->out = *x;
+  c->out->dtype = DT_E4M3;
+  return 0;
+}
+
+static int shape_MXFP8_DEQUANTIZE(shape_ctx *c) {
+  if (OPERAND(c, 0)->dtype != DT_E4M3) return fail(c, "dequantizes e4m3 (MX) values only");
+  if (!is_float(c->n->type.dtype)) return fail(c, "the result must be f32 or bf16");
+  *c->out = *OPERAND(c, 0);
+  c->out->dtype = c->n->type.dtype;
   return 0;
 }
 

@@ -135,6 +135,103 @@ static void grad_COMBINE(ad_ctx *c) {
   }
 }
 
+/* ---- experts over expert-sorted tokens ---- */
+static void grad_EXPERT_COUNTS(ad_ctx *c) { no_inputs(c); } /* integer results: routing carries no gradient */
+static void grad_EXPERT_SORT(ad_ctx *c) { no_inputs(c); }
+
+static ir_attr top_k_of(ad_ctx *c) { return ir_attr_int("top_k", ir_get_int(NODE, "top_k", 1)); }
+
+/* permute and unpermute are adjoint: each one's gradient is the other, with the same weights. */
+static void grad_EXPERT_PERMUTE(ad_ctx *c) {
+  ir_attr k = top_k_of(c);
+  int weighted = NODE->n_in == 3;
+  acc(c, IN(0), emit(c, OP_EXPERT_UNPERMUTE, (int[]){c->dy, IN(1), weighted ? IN(2) : 0}, 2 + weighted, &k, 1));
+  if (weighted) acc(c, IN(2), emit(c, OP_EXPERT_WEIGHT_GRAD, (int[]){IN(0), c->dy, IN(1)}, 3, &k, 1));
+}
+
+static void grad_EXPERT_UNPERMUTE(ad_ctx *c) {
+  ir_attr k = top_k_of(c);
+  int weighted = NODE->n_in == 3;
+  acc(c, IN(0), emit(c, OP_EXPERT_PERMUTE, (int[]){c->dy, IN(1), weighted ? IN(2) : 0}, 2 + weighted, &k, 1));
+  if (weighted) acc(c, IN(2), emit(c, OP_EXPERT_WEIGHT_GRAD, (int[]){c->dy, IN(0), IN(1)}, 3, &k, 1));
+}
+
+static void grad_EXPERT_PROBS(ad_ctx *c) {
+  ir_attr k = ir_attr_int("top_k", type_of(c, IN(0))->dims[1]);
+  acc(c, IN(0), emit(c, OP_EXPERT_PROBS_BWD, (int[]){c->dy, IN(1)}, 2, &k, 1));
+}
+
+static void grad_STACK(ad_ctx *c) {
+  int64_t E = ir_get_int(NODE, "experts", 1), parts = NODE->n_in / E, start = 0;
+  for (int64_t p = 0; p < parts; p++) {
+    int64_t width = type_of(c, IN((int)(p * E)))->dims[1];
+    for (int64_t e = 0; e < E; e++) {
+      ir_attr a[] = {ir_attr_int("expert", e), ir_attr_int("start", start), ir_attr_int("width", width)};
+      acc(c, IN((int)(p * E + e)), emit(c, OP_UNSTACK, &c->dy, 1, a, 3));
+    }
+    start += width;
+  }
+}
+
+/* dgrad: a grouped GEMM over the same groups; wgrad: one GEMM per group, K = its row count. */
+static void grad_GROUPED_LINEAR(ad_ctx *c) {
+  int xs = IN(0), w = IN(1), counts = IN(2);
+  acc(c, xs, emit(c, OP_GROUPED_LINEAR_DGRAD, (int[]){c->dy, w, counts}, 3, NULL, 0));
+  ir_attr out = ir_attr_str("out", type_of(c, w)->dtype == DT_F32 ? "f32" : "");
+  acc(c, w, emit(c, OP_GROUPED_LINEAR_WGRAD, (int[]){xs, c->dy, counts}, 3, &out, 1));
+  if (NODE->n_in == 4) acc(c, IN(3), emit(c, OP_GROUPED_COLSUM, (int[]){c->dy, counts}, 2, NULL, 0));
+}
+
+static int slice(ad_ctx *c, int v, int64_t start, int64_t width) {
+  ir_attr a[] = {ir_attr_int("start", start), ir_attr_int("width", width)};
+  return emit(c, OP_SLICE_COLS, &v, 1, a, 2);
+}
+
+/* v in dtype dt (a cast when it differs). */
+static int as_dtype(ad_ctx *c, int v, ir_dtype dt) {
+  if (v < 0 || type_of(c, v)->dtype == dt) return v;
+  ir_type t = *type_of(c, v);
+  t.dtype = dt;
+  return emit_typed(c, OP_CAST, &v, 1, NULL, 0, t);
+}
+
+/* grouped_mlp's result is y | gate_up; the gate_up columns are what the backward keeps. Its
+ * backward recomputes SwiGLU from them: grouped_mlp_bwd gives d gate_up | act | d prob, then
+ * the three remaining GEMMs are plain grouped ones. */
+static void grad_GROUPED_MLP(ad_ctx *c) {
+  int xs = IN(0), wgu = IN(1), wd = IN(2), counts = IN(3), probs = IN(4);
+  int64_t H = type_of(c, xs)->dims[1], F = ir_get_int(NODE, "ffn", 0);
+  ir_dtype act = type_of(c, xs)->dtype;
+  const ir_node *d = &c->g->nodes[c->dy];
+  int dy, dgu_direct = -1;
+  if (d->op == OP_PAD_COLS && ir_get_int(d, "start", -1) == 0 && type_of(c, d->in[0])->dims[1] == H) {
+    dy = d->in[0]; /* only y is read downstream (the usual case): no gradient enters gate_up directly */
+  } else {
+    dy = slice(c, c->dy, 0, H);
+    dgu_direct = slice(c, c->dy, H, 2 * F);
+  }
+  int gu = slice(c, c->id, H, 2 * F);
+  ir_attr fa = ir_attr_int("ffn", F);
+  int bw = emit(c, OP_GROUPED_MLP_BWD, (int[]){dy, gu, wd, counts, probs}, 5, &fa, 1);
+  if (bw < 0) return;
+  int dgu = as_dtype(c, slice(c, bw, 0, 2 * F), act);
+  if (dgu_direct >= 0) dgu = emit(c, OP_ADD, (int[]){dgu, dgu_direct}, 2, NULL, 0);
+  int a = as_dtype(c, slice(c, bw, 2 * F, F), act);
+  int dp = slice(c, bw, 3 * F, 1);
+  acc(c, xs, emit(c, OP_GROUPED_LINEAR_DGRAD, (int[]){dgu, wgu, counts}, 3, NULL, 0));
+  ir_attr out = ir_attr_str("out", type_of(c, wgu)->dtype == DT_F32 ? "f32" : "");
+  acc(c, wgu, emit(c, OP_GROUPED_LINEAR_WGRAD, (int[]){xs, dgu, counts}, 3, &out, 1));
+  acc(c, wd, emit(c, OP_GROUPED_LINEAR_WGRAD, (int[]){a, dy, counts}, 3, &out, 1));
+  acc(c, probs, dp);
+}
+
+/* slice_cols in the forward (the gate and up halves of a merged GEMM): the gradient goes back
+ * into its columns. */
+static void grad_SLICE_COLS(ad_ctx *c) {
+  ir_attr a[] = {ir_attr_int("start", ir_get_int(NODE, "start", 0)), ir_attr_int("cols", type_of(c, IN(0))->dims[1])};
+  acc(c, IN(0), emit(c, OP_PAD_COLS, &c->dy, 1, a, 2));
+}
+
 static void grad_SILU(ad_ctx *c) { acc(c, IN(0), emit(c, OP_SILU_BWD, (int[]){c->dy, IN(0)}, 2, NULL, 0)); }
 
 static void grad_MUL(ad_ctx *c) {
@@ -155,9 +252,13 @@ static void grad_CROSS_ENTROPY(ad_ctx *c) {
 /* Backward and optimizer ops are never differentiated again. */
 #define NOT_DIFF(ID) static void grad_##ID(ad_ctx *c) { not_differentiable(c); }
 NOT_DIFF(FILL) NOT_DIFF(MATMUL) NOT_DIFF(COLSUM) NOT_DIFF(EMBEDDING_BWD) NOT_DIFF(RMSNORM_BWD_X)
-NOT_DIFF(RMSNORM_BWD_W) NOT_DIFF(ATTENTION_BWD) NOT_DIFF(SLICE_COLS) NOT_DIFF(SILU_BWD)
+NOT_DIFF(RMSNORM_BWD_W) NOT_DIFF(ATTENTION_BWD) NOT_DIFF(SILU_BWD)
 NOT_DIFF(ROUTE_WEIGHTS_BWD) NOT_DIFF(AUX_LOSS_BWD) NOT_DIFF(Z_LOSS_BWD) NOT_DIFF(DISPATCH_BWD)
 NOT_DIFF(COMBINE_BWD_Y) NOT_DIFF(COMBINE_BWD_W) NOT_DIFF(CROSS_ENTROPY_BWD) NOT_DIFF(GRAD_NORM) NOT_DIFF(ADAMW)
+NOT_DIFF(PAD_COLS) NOT_DIFF(UNSTACK) NOT_DIFF(GROUPED_LINEAR_DGRAD) NOT_DIFF(GROUPED_LINEAR_WGRAD) NOT_DIFF(GROUPED_COLSUM)
+NOT_DIFF(GROUPED_MLP_BWD) NOT_DIFF(EXPERT_WEIGHT_GRAD) NOT_DIFF(EXPERT_PROBS_BWD)
+/* mxfp8 runs after autodiff: quantization is never differentiated */
+NOT_DIFF(MXFP8_QUANTIZE) NOT_DIFF(MXFP8_DEQUANTIZE)
 
 typedef void (*grad_fn)(ad_ctx *);
 static const grad_fn grad_rules[] = {

@@ -12,8 +12,6 @@
  * positions in the thousands is off by up to ~1e-3 rad; we compute the angle in double (as
  * the op's definition asks), so cos/sin agree with HF to ~1e-7 only for short sequences.
  */
-#include <cblas.h>
-#include <limits.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -67,17 +65,8 @@ int ck_rope_bwd(const float *dy, float *dx, int64_t T, int64_t nh, int64_t hd, i
   return rope(dy, dx, T, nh, hd, seq, theta, -1.0f);
 }
 
-/* Row-major sgemm with explicit leading dimensions; all sizes >= 1 here. */
-static void gemm(int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha, const float *A,
-                 int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
-  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
-              (int)m, (int)n, (int)k, alpha, A, (int)lda, B, (int)ldb, beta, C, (int)ldc);
-}
-
 static int att_shape_ok(int64_t B, int64_t seq, int64_t nh, int64_t nkv, int64_t hd) {
-  if (B < 0 || seq < 1 || nh < 1 || nkv < 1 || hd < 1 || nh % nkv != 0) return 0;
-  /* every BLAS size and leading dimension must fit an int */
-  return seq <= INT_MAX && nh * hd <= INT_MAX;
+  return B >= 0 && seq >= 1 && nh >= 1 && nkv >= 1 && hd >= 1 && nh % nkv == 0;
 }
 
 int ck_attention_fwd(const float *q, const float *k, const float *v, float *out, float *lse,
@@ -97,7 +86,7 @@ int ck_attention_fwd(const float *q, const float *k, const float *v, float *out,
       for (int64_t i0 = 0; i0 < seq; i0 += ATT_BQ) {
         int64_t nq = seq - i0 < ATT_BQ ? seq - i0 : ATT_BQ;
         int64_t L = causal ? i0 + nq : seq; /* keys any row of this block may see */
-        gemm(0, 1, nq, L, hd, scale, Q + i0 * ldq, ldq, K, ldk, 0.0f, S, L);
+        ck_gemm(0, 1, nq, L, hd, scale, Q + i0 * ldq, ldq, K, ldk, 0.0f, S, L);
         for (int64_t r = 0; r < nq; r++) {
           float *row = S + r * L;
           int64_t lim = causal ? i0 + r + 1 : L;
@@ -113,7 +102,7 @@ int ck_attention_fwd(const float *q, const float *k, const float *v, float *out,
           for (int64_t j = lim; j < L; j++) row[j] = 0.0f;
           LSE[i0 + r] = (float)(mx + log(sum));
         }
-        gemm(0, 0, nq, hd, L, 1.0f, S, L, V, ldk, 0.0f, O + i0 * ldq, ldq);
+        ck_gemm(0, 0, nq, hd, L, 1.0f, S, L, V, ldk, 0.0f, O + i0 * ldq, ldq);
       }
     }
   }
@@ -142,8 +131,8 @@ int ck_attention_bwd(const float *q, const float *k, const float *v, const float
       for (int64_t i0 = 0; i0 < seq; i0 += ATT_BQ) {
         int64_t nq = seq - i0 < ATT_BQ ? seq - i0 : ATT_BQ;
         int64_t L = causal ? i0 + nq : seq;
-        gemm(0, 1, nq, L, hd, scale, Q + i0 * ldq, ldq, K, ldk, 0.0f, P, L);
-        gemm(0, 1, nq, L, hd, 1.0f, dO + i0 * ldq, ldq, V, ldk, 0.0f, dP, L);
+        ck_gemm(0, 1, nq, L, hd, scale, Q + i0 * ldq, ldq, K, ldk, 0.0f, P, L);
+        ck_gemm(0, 1, nq, L, hd, 1.0f, dO + i0 * ldq, ldq, V, ldk, 0.0f, dP, L);
         for (int64_t r = 0; r < nq; r++) {
           const int64_t i = i0 + r, lim = causal ? i + 1 : L;
           const float *o = O + i * ldq, *go = dO + i * ldq;
@@ -157,9 +146,9 @@ int ck_attention_bwd(const float *q, const float *k, const float *v, const float
           }
           for (int64_t j = lim; j < L; j++) pr[j] = dsr[j] = 0.0f;
         }
-        gemm(0, 0, nq, hd, L, scale, dP, L, K, ldk, 0.0f, dQ + i0 * ldq, ldq);
-        gemm(1, 0, L, hd, nq, scale, dP, L, Q + i0 * ldq, ldq, 1.0f, dK, ldk);
-        gemm(1, 0, L, hd, nq, 1.0f, P, L, dO + i0 * ldq, ldq, 1.0f, dV, ldk);
+        ck_gemm(0, 0, nq, hd, L, scale, dP, L, K, ldk, 0.0f, dQ + i0 * ldq, ldq);
+        ck_gemm(1, 0, L, hd, nq, scale, dP, L, Q + i0 * ldq, ldq, 1.0f, dK, ldk);
+        ck_gemm(1, 0, L, hd, nq, 1.0f, P, L, dO + i0 * ldq, ldq, 1.0f, dV, ldk);
       }
     }
   }

@@ -22,23 +22,35 @@ const char *ck_strerror(int rc) {
 /* BLAS takes int sizes; a dimension beyond that is a caller bug we refuse loudly. */
 static int blas_dim(int64_t d) {
   if (d < 0 || d > INT_MAX) {
-    fprintf(stderr, "ck_matmul: dimension %lld does not fit BLAS int\n", (long long)d);
+    fprintf(stderr, "ck_gemm: size %lld does not fit a BLAS int\n", (long long)d);
     abort();
   }
   return (int)d;
 }
 
-void ck_matmul(const float *A, const float *B, float *C, int64_t m, int64_t k, int64_t n,
-               int trans_a, int trans_b, float beta) {
+void ck_gemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+             const float *A, int64_t lda, const float *B, int64_t ldb, float beta, float *C,
+             int64_t ldc) {
   if (m == 0 || n == 0) return;
   if (k == 0) { /* empty sum: C = beta*C, never reading C when beta = 0 (as BLAS does) */
-    for (int64_t i = 0; i < m * n; i++) C[i] = beta == 0.0f ? 0.0f : beta * C[i];
+    for (int64_t i = 0; i < m; i++)
+      for (int64_t j = 0; j < n; j++) C[i * ldc + j] = beta == 0.0f ? 0.0f : beta * C[i * ldc + j];
     return;
   }
-  int M = blas_dim(m), K = blas_dim(k), N = blas_dim(n);
   cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
-              trans_b ? CblasTrans : CblasNoTrans, M, N, K, 1.0f, A, trans_a ? M : K, B,
-              trans_b ? K : N, beta, C, N);
+              trans_b ? CblasTrans : CblasNoTrans, blas_dim(m), blas_dim(n), blas_dim(k), alpha,
+              A, blas_dim(lda), B, blas_dim(ldb), beta, C, blas_dim(ldc));
+}
+
+void ck_matmul(const float *A, const float *B, float *C, int64_t m, int64_t k, int64_t n,
+               int trans_a, int trans_b, float beta) {
+  ck_gemm(trans_a, trans_b, m, n, k, 1.0f, A, trans_a ? m : k, B, trans_b ? k : n, beta, C, n);
+}
+
+int ck_ids_ok(const int32_t *ids, int64_t n, int64_t limit) {
+  for (int64_t i = 0; i < n; i++)
+    if (ids[i] < 0 || ids[i] >= limit) return 0;
+  return 1;
 }
 
 void ck_linear_fwd(const float *x, const float *w, const float *b, float *y, int64_t n,
@@ -61,15 +73,9 @@ void ck_linear_bwd(const float *x, const float *w, const float *dy, float *dx, f
   }
 }
 
-static int tokens_ok(const int32_t *tokens, int64_t T, int64_t V) {
-  for (int64_t t = 0; t < T; t++)
-    if (tokens[t] < 0 || tokens[t] >= V) return 0;
-  return 1;
-}
-
 int ck_embedding_fwd(const float *table, const int32_t *tokens, float *out, int64_t T,
                      int64_t V, int64_t H) {
-  if (!tokens_ok(tokens, T, V)) return CK_EINDEX;
+  if (!ck_ids_ok(tokens, T, V)) return CK_EINDEX;
   for (int64_t t = 0; t < T; t++)
     memcpy(out + t * H, table + (int64_t)tokens[t] * H, (size_t)H * sizeof(float));
   return CK_OK;
@@ -77,7 +83,7 @@ int ck_embedding_fwd(const float *table, const int32_t *tokens, float *out, int6
 
 int ck_embedding_bwd(const int32_t *tokens, const float *dout, float *dtable, int64_t T,
                      int64_t V, int64_t H) {
-  if (!tokens_ok(tokens, T, V)) return CK_EINDEX;
+  if (!ck_ids_ok(tokens, T, V)) return CK_EINDEX;
   for (int64_t t = 0; t < T; t++) {
     float *dst = dtable + (int64_t)tokens[t] * H;
     const float *src = dout + t * H;
@@ -172,8 +178,7 @@ void ck_softmax_rows(const float *x, float *y, int64_t T, int64_t E) {
       yr[e] = expf(xr[e] - mx);
       sum += yr[e];
     }
-    float inv = (float)(1.0 / sum);
-    for (int64_t e = 0; e < E; e++) yr[e] *= inv;
+    for (int64_t e = 0; e < E; e++) yr[e] = (float)(yr[e] / sum);
   }
 }
 

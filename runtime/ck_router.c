@@ -43,22 +43,13 @@ int ck_topk(const float *logits, int32_t *idx, int64_t T, int64_t E, int64_t k) 
   return CK_OK;
 }
 
-static int ids_ok(const int32_t *idx, int64_t n, int64_t E) {
-  for (int64_t i = 0; i < n; i++)
-    if (idx[i] < 0 || idx[i] >= E) return 0;
-  return 1;
-}
-
-/* p = softmax of one row of E logits. */
-static void softmax_row(const float *row, float *p, int64_t E) { ck_softmax_rows(row, p, 1, E); }
-
 int ck_route_weights_fwd(const float *logits, const int32_t *idx, float *w, int64_t T,
                          int64_t E, int64_t k) {
-  if (!ids_ok(idx, T * k, E)) return CK_EINDEX;
+  if (!ck_ids_ok(idx, T * k, E)) return CK_EINDEX;
   float *p = malloc((size_t)E * sizeof(float));
   if (!p) return CK_ENOMEM;
   for (int64_t t = 0; t < T; t++) {
-    softmax_row(logits + t * E, p, E);
+    ck_softmax_rows(logits + t * E, p, 1, E);
     const int32_t *id = idx + t * k;
     float *wr = w + t * k, s = 0.0f;
     for (int64_t j = 0; j < k; j++) s += (wr[j] = p[id[j]]);
@@ -74,7 +65,7 @@ int ck_route_weights_fwd(const float *logits, const int32_t *idx, float *w, int6
  * (Chaining through the full softmax and the division gives the same, up to rounding.) */
 int ck_route_weights_bwd(const float *logits, const int32_t *idx, const float *dw,
                          float *dlogits, int64_t T, int64_t E, int64_t k) {
-  if (!ids_ok(idx, T * k, E)) return CK_EINDEX;
+  if (!ck_ids_ok(idx, T * k, E)) return CK_EINDEX;
   float *w = malloc((size_t)k * sizeof(float));
   if (!w) return CK_ENOMEM;
   for (int64_t t = 0; t < T; t++) {
@@ -105,7 +96,7 @@ static void count_routes(const int32_t *idx, int64_t n, int64_t E, double *c) {
 
 int ck_aux_loss_fwd(const float *logits, const int32_t *idx, float *loss, int64_t T,
                     int64_t E, int64_t k, float coef) {
-  if (!ids_ok(idx, T * k, E)) return CK_EINDEX;
+  if (!ck_ids_ok(idx, T * k, E)) return CK_EINDEX;
   if (T == 0) {
     *loss = 0.0f;
     return CK_OK;
@@ -120,7 +111,7 @@ int ck_aux_loss_fwd(const float *logits, const int32_t *idx, float *loss, int64_
   count_routes(idx, T * k, E, c);
   for (int64_t e = 0; e < E; e++) P[e] = 0.0;
   for (int64_t t = 0; t < T; t++) {
-    softmax_row(logits + t * E, p, E);
+    ck_softmax_rows(logits + t * E, p, 1, E);
     for (int64_t e = 0; e < E; e++) P[e] += p[e];
   }
   double s = 0.0;
@@ -136,7 +127,7 @@ int ck_aux_loss_fwd(const float *logits, const int32_t *idx, float *loss, int64_
  *   dlogits[t,e'] += dloss p[t,e'] (a_e' - sum_e a_e p[t,e]) / T. */
 int ck_aux_loss_bwd(const float *logits, const int32_t *idx, float dloss, float *dlogits,
                     int64_t T, int64_t E, int64_t k, float coef) {
-  if (!ids_ok(idx, T * k, E)) return CK_EINDEX;
+  if (!ck_ids_ok(idx, T * k, E)) return CK_EINDEX;
   if (T == 0) return CK_OK;
   double *a = malloc((size_t)E * sizeof(double));
   float *p = malloc((size_t)E * sizeof(float));
@@ -149,7 +140,7 @@ int ck_aux_loss_bwd(const float *logits, const int32_t *idx, float dloss, float 
   for (int64_t e = 0; e < E; e++) a[e] *= (double)coef * (double)E / (double)T;
   const double f = (double)dloss / (double)T;
   for (int64_t t = 0; t < T; t++) {
-    softmax_row(logits + t * E, p, E);
+    ck_softmax_rows(logits + t * E, p, 1, E);
     double ap = 0.0;
     for (int64_t e = 0; e < E; e++) ap += a[e] * p[e];
     float *dl = dlogits + t * E;
@@ -198,7 +189,7 @@ int64_t ck_route_rows(const int32_t *idx, int64_t T, int64_t k, int32_t e, int32
 
 int ck_dispatch_fwd(const float *x, const int32_t *rows, float *xe, int64_t T, int64_t n,
                     int64_t H) {
-  if (!ids_ok(rows, n, T)) return CK_EINDEX;
+  if (!ck_ids_ok(rows, n, T)) return CK_EINDEX;
   for (int64_t r = 0; r < n; r++)
     memcpy(xe + r * H, x + (int64_t)rows[r] * H, (size_t)H * sizeof(float));
   return CK_OK;
@@ -206,7 +197,7 @@ int ck_dispatch_fwd(const float *x, const int32_t *rows, float *xe, int64_t T, i
 
 int ck_dispatch_bwd(const float *dxe, const int32_t *rows, float *dx, int64_t T, int64_t n,
                     int64_t H) {
-  if (!ids_ok(rows, n, T)) return CK_EINDEX;
+  if (!ck_ids_ok(rows, n, T)) return CK_EINDEX;
   for (int64_t r = 0; r < n; r++) {
     float *dst = dx + (int64_t)rows[r] * H;
     const float *src = dxe + r * H;
@@ -219,7 +210,7 @@ int ck_dispatch_bwd(const float *dxe, const int32_t *rows, float *dx, int64_t T,
  * far, is the row of (t, j) in y_e. */
 int ck_combine_fwd(const int32_t *idx, const float *w, const float *const *y, float *out,
                    int64_t T, int64_t k, int64_t E, int64_t H) {
-  if (!ids_ok(idx, T * k, E)) return CK_EINDEX;
+  if (!ck_ids_ok(idx, T * k, E)) return CK_EINDEX;
   int64_t *row = calloc((size_t)(E > 0 ? E : 1), sizeof(int64_t));
   if (!row) return CK_ENOMEM;
   for (int64_t t = 0; t < T; t++) {
@@ -227,7 +218,8 @@ int ck_combine_fwd(const int32_t *idx, const float *w, const float *const *y, fl
     memset(o, 0, (size_t)H * sizeof(float));
     for (int64_t j = 0; j < k; j++) {
       int32_t e = idx[t * k + j];
-      const float *ye = y[e] + row[e]++ * H, wt = w[t * k + j];
+      const float *ye = y[e] + row[e]++ * H;
+      const float wt = w[t * k + j];
       for (int64_t i = 0; i < H; i++) o[i] += wt * ye[i];
     }
   }
@@ -237,7 +229,7 @@ int ck_combine_fwd(const int32_t *idx, const float *w, const float *const *y, fl
 
 int ck_combine_bwd(const int32_t *idx, const float *w, const float *const *y, const float *dout,
                    float *const *dy, float *dw, int64_t T, int64_t k, int64_t E, int64_t H) {
-  if (!ids_ok(idx, T * k, E)) return CK_EINDEX;
+  if (!ck_ids_ok(idx, T * k, E)) return CK_EINDEX;
   int64_t *row = calloc((size_t)(E > 0 ? E : 1), sizeof(int64_t));
   if (!row) return CK_ENOMEM;
   for (int64_t t = 0; t < T; t++) {
@@ -245,7 +237,8 @@ int ck_combine_bwd(const int32_t *idx, const float *w, const float *const *y, co
     for (int64_t j = 0; j < k; j++) {
       int32_t e = idx[t * k + j];
       int64_t r = row[e]++;
-      const float *ye = y[e] + r * H, wt = w[t * k + j];
+      const float *ye = y[e] + r * H;
+      const float wt = w[t * k + j];
       float *dye = dy[e] + r * H;
       double d = 0.0;
       for (int64_t i = 0; i < H; i++) {

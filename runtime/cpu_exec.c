@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "ck_grouped.h"
 #include "cpu_kernels.h"
 
 typedef struct {
@@ -231,6 +232,75 @@ static int exec_COMBINE(ex *x, int id) {
   return rc;
 }
 
+/* ---- experts over expert-sorted tokens ---- */
+#define DIM(id, k, d) (N(N(id)->in[k])->type.dims[d])
+#define OPT(id, k) (N(id)->n_in > (k) ? IN(id, k)->f : NULL)
+
+static int exec_EXPERT_COUNTS(ex *x, int id) {
+  const rt_value *idx = IN(id, 0);
+  if (alloc_out(x, id, N(id)->type.dims[0], 0)) return -1;
+  return check_ck(x, id, ck_expert_counts(idx->i, idx->rows, INCOLS(id, 0), N(id)->type.dims[0], x->val[id].i));
+}
+
+static int exec_EXPERT_SORT(ex *x, int id) {
+  const rt_value *idx = IN(id, 0);
+  if (alloc_out(x, id, N(id)->type.dims[0], 0)) return -1;
+  return check_ck(x, id, ck_expert_sort(idx->i, idx->rows, INCOLS(id, 0), ir_get_int(N(id), "experts", 0), x->val[id].i));
+}
+
+static int exec_EXPERT_PERMUTE(ex *x, int id) {
+  const rt_value *a = IN(id, 0);
+  int64_t k = ir_get_int(N(id), "top_k", 1);
+  if (alloc_out(x, id, a->rows * k, 0)) return -1;
+  return check_ck(x, id, ck_expert_permute(a->f, IN(id, 1)->i, OPT(id, 2), x->val[id].f, a->rows, k, COLS(id)));
+}
+
+static int exec_EXPERT_UNPERMUTE(ex *x, int id) {
+  const rt_value *ys = IN(id, 0);
+  int64_t k = ir_get_int(N(id), "top_k", 1);
+  if (alloc_out(x, id, ys->rows / k, 0)) return -1;
+  return check_ck(x, id, ck_expert_unpermute(ys->f, IN(id, 1)->i, OPT(id, 2), x->val[id].f, ys->rows / k, k, COLS(id)));
+}
+
+static int exec_EXPERT_PROBS(ex *x, int id) {
+  const rt_value *w = IN(id, 0);
+  if (alloc_out(x, id, w->numel, 0)) return -1;
+  return check_ck(x, id, ck_expert_probs(w->f, IN(id, 1)->i, x->val[id].f, w->rows, INCOLS(id, 0)));
+}
+
+static int exec_STACK(ex *x, int id) {
+  /* out[e, :, part p columns] = operand p*E + e */
+  const ir_type *t = &N(id)->type;
+  int64_t E = t->dims[0], in = t->dims[1], C = t->dims[2], parts = N(id)->n_in / E, c0 = 0;
+  if (alloc_out(x, id, E, 0)) return -1;
+  for (int64_t p = 0; p < parts; p++) {
+    int64_t w = DIM(id, (int)(p * E), 1);
+    for (int64_t e = 0; e < E; e++) {
+      const float *src = IN(id, (int)(p * E + e))->f;
+      for (int64_t r = 0; r < in; r++) memcpy(x->val[id].f + (e * in + r) * C + c0, src + r * w, (size_t)w * sizeof(float));
+    }
+    c0 += w;
+  }
+  return 0;
+}
+
+static int exec_GROUPED_LINEAR(ex *x, int id) {
+  const rt_value *a = IN(id, 0);
+  int64_t E = DIM(id, 1, 0), in = DIM(id, 1, 1), out = DIM(id, 1, 2);
+  if (alloc_out(x, id, a->rows, 0)) return -1;
+  return check_ck(x, id, ck_grouped_linear_fwd(a->f, IN(id, 1)->f, OPT(id, 3), IN(id, 2)->i, x->val[id].f, a->rows, E, in, out));
+}
+
+static int exec_GROUPED_MLP(ex *x, int id) {
+  const rt_value *a = IN(id, 0);
+  int64_t E = DIM(id, 1, 0), H = DIM(id, 0, 1), F = ir_get_int(N(id), "ffn", 0);
+  ck_mlp_precision prec = {N(id)->type.dtype == DT_BF16, ir_get_int(N(id), "mx_block", 0),
+                           (int)ir_get_int(N(id), "mx_share128", 0)};
+  if (alloc_out(x, id, a->rows, 0)) return -1;
+  return check_ck(x, id, ck_grouped_mlp_fwd(a->f, IN(id, 1)->f, IN(id, 2)->f, IN(id, 3)->i, IN(id, 4)->f, x->val[id].f,
+                                            a->rows, E, H, F, prec));
+}
+
 static int exec_SILU(ex *x, int id) {
   const rt_value *a = IN(id, 0);
   if (alloc_out(x, id, a->rows, 0)) return -1;
@@ -438,6 +508,82 @@ static int exec_CROSS_ENTROPY_BWD(ex *x, int id) {
   if (alloc_out(x, id, l->rows, 0)) return -1;
   return check_ck(x, id, ck_cross_entropy_bwd(l->f, IN(id, 2)->i, IN(id, 0)->f[0], x->val[id].f, l->rows, COLS(id)));
 }
+
+static int exec_PAD_COLS(ex *x, int id) {
+  const rt_value *a = IN(id, 0);
+  int64_t w = INCOLS(id, 0), start = ir_get_int(N(id), "start", 0), W = COLS(id);
+  if (alloc_out(x, id, a->rows, 1)) return -1;
+  for (int64_t r = 0; r < a->rows; r++) memcpy(x->val[id].f + r * W + start, a->f + r * w, (size_t)w * sizeof(float));
+  return 0;
+}
+
+static int exec_UNSTACK(ex *x, int id) {
+  int64_t in = DIM(id, 0, 1), C = DIM(id, 0, 2), e = ir_get_int(N(id), "expert", 0), start = ir_get_int(N(id), "start", 0);
+  int64_t w = COLS(id);
+  if (alloc_out(x, id, in, 0)) return -1;
+  for (int64_t r = 0; r < in; r++)
+    memcpy(x->val[id].f + r * w, IN(id, 0)->f + (e * in + r) * C + start, (size_t)w * sizeof(float));
+  return 0;
+}
+
+static int exec_GROUPED_LINEAR_DGRAD(ex *x, int id) {
+  const rt_value *dy = IN(id, 0);
+  int64_t E = DIM(id, 1, 0), in = DIM(id, 1, 1), out = DIM(id, 1, 2);
+  if (alloc_out(x, id, dy->rows, 0)) return -1;
+  return check_ck(x, id, ck_grouped_linear_dgrad(dy->f, IN(id, 1)->f, IN(id, 2)->i, x->val[id].f, dy->rows, E, in, out));
+}
+
+static int exec_GROUPED_LINEAR_WGRAD(ex *x, int id) {
+  const rt_value *a = IN(id, 0);
+  const ir_type *t = &N(id)->type;
+  if (alloc_out(x, id, t->dims[0], 0)) return -1;
+  return check_ck(x, id, ck_grouped_linear_wgrad(a->f, IN(id, 1)->f, IN(id, 2)->i, x->val[id].f, a->rows, t->dims[0],
+                                                 t->dims[1], t->dims[2]));
+}
+
+static int exec_GROUPED_COLSUM(ex *x, int id) {
+  const rt_value *dy = IN(id, 0);
+  int64_t E = N(id)->type.dims[0];
+  if (alloc_out(x, id, E, 0)) return -1;
+  return check_ck(x, id, ck_grouped_colsum(dy->f, IN(id, 1)->i, x->val[id].f, dy->rows, E, COLS(id)));
+}
+
+static int exec_GROUPED_MLP_BWD(ex *x, int id) {
+  const rt_value *dy = IN(id, 0);
+  int64_t E = DIM(id, 2, 0), H = INCOLS(id, 0), F = ir_get_int(N(id), "ffn", 0);
+  if (alloc_out(x, id, dy->rows, 0)) return -1;
+  return check_ck(x, id, ck_grouped_mlp_bwd(dy->f, IN(id, 1)->f, IN(id, 2)->f, IN(id, 3)->i, IN(id, 4)->f, x->val[id].f,
+                                            dy->rows, E, H, F));
+}
+
+static int exec_EXPERT_WEIGHT_GRAD(ex *x, int id) {
+  const rt_value *a = IN(id, 0);
+  if (alloc_out(x, id, a->rows, 0)) return -1;
+  return check_ck(x, id, ck_expert_weight_grad(a->f, IN(id, 1)->f, IN(id, 2)->i, x->val[id].f, a->rows, COLS(id),
+                                               INCOLS(id, 0)));
+}
+
+static int exec_EXPERT_PROBS_BWD(ex *x, int id) {
+  int64_t k = COLS(id), T = IN(id, 0)->rows / k;
+  if (alloc_out(x, id, T, 0)) return -1;
+  return check_ck(x, id, ck_expert_probs_bwd(IN(id, 0)->f, IN(id, 1)->i, x->val[id].f, T, k));
+}
+
+/* The CPU keeps an MX tensor as the exact values its E4M3 elements and E8M0 scales encode. */
+static int exec_MXFP8_QUANTIZE(ex *x, int id) {
+  const rt_value *a = IN(id, 0);
+  const ir_type *t = &N(id)->type;
+  int64_t dims[IR_MAX_RANK];
+  for (int d = 0; d < t->rank; d++) dims[d] = t->dims[d];
+  dims[0] = a->rows;
+  if (alloc_out(x, id, a->rows, 0)) return -1;
+  const int32_t *counts = N(id)->n_in == 2 ? IN(id, 1)->i : NULL;
+  int64_t E = N(id)->n_in == 2 ? DIM(id, 1, 0) : 0;
+  return check_ck(x, id, ck_mxfp8_qdq(a->f, x->val[id].f, t->rank, dims, (int)ir_get_int(N(id), "axis", 0),
+                                      ir_get_int(N(id), "block", 32), (int)ir_get_int(N(id), "share128", 0), counts, E));
+}
+
+static int exec_MXFP8_DEQUANTIZE(ex *x, int id) { return exec_CAST(x, id); }
 
 static int exec_GRAD_NORM(ex *x, int id) {
   int n = N(id)->n_in;

@@ -43,13 +43,25 @@ void ck_matmul(const float *A, /* (m, k), or (k, m) when trans_a */
                float *C,       /* (m, n) */
                int64_t m, int64_t k, int64_t n, int trans_a, int trans_b, float beta);
 
+/* The same with explicit leading dimensions and alpha (e.g. one head's columns of q).
+ * Sizes and leading dimensions must fit a BLAS int: a larger one aborts with a message. */
+void ck_gemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+             const float *A, int64_t lda, /* (m, k) or (k, m), row stride lda */
+             const float *B, int64_t ldb, /* (k, n) or (n, k), row stride ldb */
+             float beta, float *C, int64_t ldc /* (m, n), row stride ldc */);
+
+/* 1 if every id is in [0, limit), else 0. */
+int ck_ids_ok(const int32_t *ids, /* (n) */
+              int64_t n, int64_t limit);
+
 /* Linear layer, weight stored [in, out]: y = x·W (+ b). */
 void ck_linear_fwd(const float *x, /* (n, in) */
                    const float *w, /* (in, out) */
                    const float *b, /* (out) or NULL */
                    float *y,       /* (n, out) */
                    int64_t n, int64_t in, int64_t out);
-/* dx = dy·W^T; dw += x^T·dy; db += column sums of dy. Any of dx, dw, db may be NULL. */
+/* dx = dy·W^T; dw += x^T·dy; db += column sums of dy. Any of dx, dw, db may be NULL; x is
+ * read only for dw and w only for dx, so either may be NULL when that gradient is. */
 void ck_linear_bwd(const float *x,  /* (n, in) */
                    const float *w,  /* (in, out) */
                    const float *dy, /* (n, out) */
@@ -82,16 +94,17 @@ void ck_rmsnorm_bwd(const float *x,  /* (T, H) */
                     float *dw,       /* (H) +=; may be NULL */
                     int64_t T, int64_t H, float eps);
 
-/* Elementwise over n values. y may alias an input, dx/da/db may alias dy. */
+/* Elementwise over n values; every pointer is (n). Outputs may alias inputs (y = a, dx = dy). */
 void ck_silu_fwd(const float *x, float *y, int64_t n);                  /* y = x·sigmoid(x) */
 void ck_silu_bwd(const float *x, const float *dy, float *dx, int64_t n);
 void ck_mul_fwd(const float *a, const float *b, float *y, int64_t n);   /* y = a·b */
-void ck_mul_bwd(const float *a, const float *b, const float *dy,        /* da, db may be NULL */
-                float *da, float *db, int64_t n);
+void ck_mul_bwd(const float *a, const float *b, const float *dy,
+                float *da, float *db, int64_t n);                       /* da, db may be NULL */
 void ck_add_fwd(const float *a, const float *b, float *y, int64_t n);   /* y = a + b */
 void ck_add_bwd(const float *dy, float *da, float *db, int64_t n);      /* da = db = dy */
 
-/* Row softmax and logsumexp (max-subtracted, sums in double). */
+/* Row softmax and logsumexp (max-subtracted, sums in double); the router and the loss use
+ * them. */
 void ck_softmax_rows(const float *x, /* (T, E) */
                      float *y,       /* (T, E); may alias x */
                      int64_t T, int64_t E);
@@ -148,7 +161,8 @@ int ck_route_weights_fwd(const float *logits, /* (T, E) */
                          const int32_t *idx,  /* (T, k) */
                          float *w,            /* (T, k) */
                          int64_t T, int64_t E, int64_t k);
-/* dlogits written (zero outside the selected experts, where the exact gradient is 0). */
+/* dlogits written (zero outside the selected experts, where the exact gradient is 0). The
+ * aux and z losses then add their gradients into the same dlogits: call this one first. */
 int ck_route_weights_bwd(const float *logits, /* (T, E) */
                          const int32_t *idx,  /* (T, k) */
                          const float *dw,     /* (T, k) */
@@ -230,10 +244,10 @@ int ck_cross_entropy_bwd(const float *logits,   /* (T, V) */
 
 /* ================================ ck_optim.c ================================ */
 
-/* One torch.optim.AdamW step (single-tensor path, same operation order) on n fp32 master
- * weights; step counts from 1. The gradient used is fl(g * grad_scale), exactly what
- * clip_grad_norm_ leaves in .grad before the step (pass 1 for no clipping). wd = 0 for
- * weights that take no decay (norms). */
+/* One torch.optim.AdamW step on n fp32 master weights, step counting from 1: the same
+ * operations as torch's single-tensor path, bit-identical to torch 2.11 on CPU (ck_optim.c).
+ * The gradient used is fl(g * grad_scale), exactly what clip_grad_norm_ leaves in .grad
+ * before the step (pass 1 for no clipping). wd = 0 for weights without decay (norms). */
 void ck_adamw_step(float *p,       /* (n) */
                    const float *g, /* (n) */
                    float *m,       /* (n) first moment */

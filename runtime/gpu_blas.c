@@ -1,11 +1,13 @@
-/* gpu_blas.c -- dlopen of cuBLASLt and its entry points (see gpu_blas.h). */
+/* gpu_blas.c -- dlopen of cuBLASLt and its entry points (see gpu_blas.h), and the row-major
+ * GEMMs on top. The enum values below are those of CUDA 13.0's cublasLt.h, cublas_api.h and
+ * library_types.h (cited by name). */
 #include "gpu_blas.h"
-
-#include "gpu_loader.h"
 
 #include <dlfcn.h>
 #include <pthread.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 static gpu_blas_api api;
 static pthread_once_t once = PTHREAD_ONCE_INIT;
@@ -52,4 +54,134 @@ const gpu_blas_api *gpu_blas_load(char *err, size_t errlen) {
   pthread_once(&once, load);
   if (!ok && err) snprintf(err, errlen, "%s", load_err);
   return ok ? &api : NULL;
+}
+
+enum { CUDA_R_32F = 0, CUDA_R_16BF = 14 };             /* library_types.h cudaDataType */
+enum { CUBLAS_COMPUTE_32F = 68 };                      /* cublas_api.h cublasComputeType_t */
+enum { CUBLAS_OP_N = 0, CUBLAS_OP_T = 1 };             /* cublas_api.h cublasOperation_t */
+enum { DESC_TRANSA = 3, DESC_TRANSB = 4 };             /* cublasLtMatmulDescAttributes_t */
+enum { LAYOUT_BATCH_COUNT = 5, LAYOUT_STRIDED_BATCH_OFFSET = 6 }; /* cublasLtMatrixLayoutAttribute_t */
+enum { PREF_MAX_WORKSPACE_BYTES = 1 };                 /* cublasLtMatmulPreferenceAttributes_t */
+
+/* Heuristic picks, cached per problem: the same shapes recur every step. */
+typedef struct {
+  int64_t key[12];
+  gpu_blas_algo algo;
+  int used;
+} algo_entry;
+#define ALGO_CACHE 512
+
+struct gpu_blas {
+  gpu_ctx *g;
+  const gpu_blas_api *api;
+  void *handle;
+  gpu_ptr workspace;
+  size_t workspace_bytes;
+  algo_entry cache[ALGO_CACHE];
+};
+
+gpu_blas *gpu_blas_new(gpu_ctx *g, char *err, size_t errlen) {
+  const gpu_blas_api *api = gpu_blas_load(err, errlen);
+  if (!api) return NULL;
+  gpu_blas *b = calloc(1, sizeof *b);
+  if (!b) {
+    snprintf(err, errlen, "out of host memory");
+    return NULL;
+  }
+  b->g = g;
+  b->api = api;
+  int st = api->Create(&b->handle);
+  if (st != 0) {
+    snprintf(err, errlen, "cublasLtCreate failed: %s", api->GetStatusString(st));
+    gpu_blas_free(b);
+    return NULL;
+  }
+  b->workspace_bytes = (size_t)32 << 20;
+  if (gpu_alloc(g, &b->workspace, b->workspace_bytes, "the cuBLASLt workspace") != 0) {
+    snprintf(err, errlen, "%s", gpu_error(g));
+    gpu_blas_free(b);
+    return NULL;
+  }
+  return b;
+}
+
+void gpu_blas_free(gpu_blas *b) {
+  if (!b) return;
+  if (b->workspace) gpu_free(b->g, b->workspace);
+  if (b->handle) b->api->Destroy(b->handle);
+  free(b);
+}
+
+static int lt_type(cg_dtype t) { return t == CG_DT_BF16 ? CUDA_R_16BF : CUDA_R_32F; }
+
+/* A column-major layout (rows, cols, ld) with batching. */
+static void *layout(gpu_blas *b, cg_dtype t, int64_t rows, int64_t cols, int64_t ld, int batch, int64_t stride) {
+  void *l = NULL;
+  if (b->api->MatrixLayoutCreate(&l, lt_type(t), (uint64_t)rows, (uint64_t)cols, ld) != 0) return NULL;
+  if (batch > 1) {
+    int32_t n = batch;
+    b->api->MatrixLayoutSetAttribute(l, LAYOUT_BATCH_COUNT, &n, sizeof n);
+    b->api->MatrixLayoutSetAttribute(l, LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof stride);
+  }
+  return l;
+}
+
+int gpu_gemm(gpu_blas *b, int64_t m, int64_t n, int64_t k, float alpha, const gpu_mat *A, const gpu_mat *B,
+             float beta, const gpu_mat *C, int batch, char *err, size_t errlen) {
+  err[0] = 0;
+  if (m == 0 || n == 0) return 0;
+  if (A->dtype != B->dtype || (C->dtype != CG_DT_F32 && C->dtype != A->dtype)) {
+    snprintf(err, errlen, "gemm: operand dtypes %s x %s -> %s are not supported", cg_dtype_name(A->dtype),
+             cg_dtype_name(B->dtype), cg_dtype_name(C->dtype));
+    return -1;
+  }
+  /* Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: cuBLASLt's first operand
+   * is our B, its second our A, and its (M, N) are our (n, m). A row-major (r, c) buffer with
+   * leading dimension ld is a column-major (c, r) matrix. */
+  int opa = B->trans ? CUBLAS_OP_T : CUBLAS_OP_N, opb = A->trans ? CUBLAS_OP_T : CUBLAS_OP_N;
+  void *desc = NULL, *la = NULL, *lb = NULL, *lc = NULL, *pref = NULL;
+  int rc = -1;
+  if (b->api->MatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F) != 0) goto done;
+  b->api->MatmulDescSetAttribute(desc, DESC_TRANSA, &opa, sizeof opa);
+  b->api->MatmulDescSetAttribute(desc, DESC_TRANSB, &opb, sizeof opb);
+  la = layout(b, B->dtype, B->trans ? k : n, B->trans ? n : k, B->ld, batch, B->stride);
+  lb = layout(b, A->dtype, A->trans ? m : k, A->trans ? k : m, A->ld, batch, A->stride);
+  lc = layout(b, C->dtype, n, m, C->ld, batch, C->stride);
+  if (!la || !lb || !lc) goto done;
+  int64_t key[12] = {m, n, k, A->dtype, C->dtype, A->trans, B->trans, A->ld, B->ld, C->ld, batch, beta != 0};
+  uint64_t h = 1469598103934665603ull;
+  for (int i = 0; i < 12; i++) h = (h ^ (uint64_t)key[i]) * 1099511628211ull;
+  algo_entry *e = &b->cache[h % ALGO_CACHE];
+  if (!e->used || memcmp(e->key, key, sizeof key) != 0) {
+    gpu_blas_heuristic res;
+    int found = 0;
+    if (b->api->MatmulPreferenceCreate(&pref) != 0) goto done;
+    uint64_t ws = b->workspace_bytes;
+    b->api->MatmulPreferenceSetAttribute(pref, PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
+    if (b->api->MatmulAlgoGetHeuristic(b->handle, desc, la, lb, lc, lc, pref, 1, &res, &found) != 0 || found < 1) {
+      snprintf(err, errlen, "cuBLASLt has no algorithm for a %s GEMM (%lld x %lld x %lld, batch %d)",
+               cg_dtype_name(A->dtype), (long long)m, (long long)n, (long long)k, batch);
+      goto done;
+    }
+    memcpy(e->key, key, sizeof key);
+    e->algo = res.algo;
+    e->used = 1;
+  }
+  int st = b->api->Matmul(b->handle, desc, &alpha, (void *)(uintptr_t)B->p, la, (void *)(uintptr_t)A->p, lb, &beta,
+                     (void *)(uintptr_t)C->p, lc, (void *)(uintptr_t)C->p, lc, &e->algo,
+                     (void *)(uintptr_t)b->workspace, b->workspace_bytes, gpu_stream(b->g));
+  if (st != 0) {
+    snprintf(err, errlen, "cublasLtMatmul failed (status %d) on %lld x %lld x %lld", st, (long long)m, (long long)n,
+             (long long)k);
+    goto done;
+  }
+  rc = 0;
+done:
+  if (rc != 0 && err[0] == 0) snprintf(err, errlen, "cuBLASLt setup failed");
+  if (pref) b->api->MatmulPreferenceDestroy(pref);
+  if (la) b->api->MatrixLayoutDestroy(la);
+  if (lb) b->api->MatrixLayoutDestroy(lb);
+  if (lc) b->api->MatrixLayoutDestroy(lc);
+  if (desc) b->api->MatmulDescDestroy(desc);
+  return rc;
 }

@@ -1,7 +1,7 @@
 /* gpu_blas.h -- cuBLASLt, loaded at run time (libcublasLt.so.13, .so.12; MOEC_LIBCUBLASLT
- * overrides; else $CUDA_HOME/lib64, /usr/local/cuda/lib64). Only the loader and the entry
- * points are here; the dense GEMMs built on them are the next step (docs/cuda.md).
- * Types are redeclared from CUDA 13.0's cublasLt.h: handles are void *, enums int. */
+ * overrides; else $CUDA_HOME/lib64, /usr/local/cuda/lib64), and the dense row-major GEMMs moec
+ * runs through it (fp32 accumulation). Types are redeclared from CUDA 13.0's cublasLt.h:
+ * handles are void *, enums int. */
 #ifndef MOEC_GPU_BLAS_H
 #define MOEC_GPU_BLAS_H
 
@@ -43,5 +43,29 @@ typedef struct {
 
 /* Loads cuBLASLt once per process: the entry points, or NULL and the reason in err. */
 const gpu_blas_api *gpu_blas_load(char *err, size_t errlen);
+
+/* ---- GEMMs on one GPU ---- */
+#include "codegen/cg_kernels.h"
+#include "gpu_loader.h"
+
+typedef struct gpu_blas gpu_blas;
+
+/* Creates a handle on g's stream and a 32 MiB workspace. NULL with a message. */
+gpu_blas *gpu_blas_new(gpu_ctx *g, char *err, size_t errlen);
+void gpu_blas_free(gpu_blas *b);
+
+/* One operand of a (strided-batched) row-major GEMM: data of `dtype`, leading dimension ld
+ * (elements between rows), stride (elements between batch entries), transposed or not. */
+typedef struct {
+  cg_dtype dtype;
+  gpu_ptr p;
+  int64_t ld, stride;
+  int trans;
+} gpu_mat;
+
+/* C (m, n) = alpha * op(A) (m, k) . op(B) (k, n) + beta * C, for `batch` entries. A and B
+ * share a dtype (bf16 or f32); C is f32 or A's dtype. 0, or -1 with a message in err. */
+int gpu_gemm(gpu_blas *b, int64_t m, int64_t n, int64_t k, float alpha, const gpu_mat *A, const gpu_mat *B,
+             float beta, const gpu_mat *C, int batch, char *err, size_t errlen);
 
 #endif

@@ -4,8 +4,8 @@
  *
  * Gradient checks. The objective is L = sum(r ⊙ out) for a random r; the kernel's backward,
  * fed dout = r, gives the analytic gradient. The numeric one is a central difference of the
- * test's naive forward evaluated in DOUBLE, with step FD_H: truncation error ~FD_H^2, rounding
- * ~1e-16/FD_H, both far below the float kernel's own rounding. An element passes when
+ * test's naive forward evaluated in DOUBLE, with step h = FD_H * max(1, |x|): truncation error
+ * ~h^2, rounding ~1e-16/h, both far below the float kernel's own rounding. An element passes when
  *   |analytic - numeric| <= tol * max(|numeric|, FD_FLOOR * max_i |numeric_i|),
  * i.e. a relative error, except that gradients tiny next to the largest one of the same
  * tensor are judged against FD_FLOOR of that largest one (there the float kernel's absolute
@@ -28,15 +28,15 @@
 
 static int ck_failures = 0, ck_checks = 0;
 
-#define CHECK(cond, ...)                                                              \
-  do {                                                                                \
-    ck_checks++;                                                                      \
-    if (!(cond)) {                                                                    \
-      ck_failures++;                                                                  \
-      printf("FAIL %s:%d: ", __FILE__, __LINE__);                                     \
-      printf(__VA_ARGS__);                                                            \
-      printf("\n");                                                                   \
-    }                                                                                 \
+#define CHECK(cond, ...)                                                                           \
+  do {                                                                                             \
+    ck_checks++;                                                                                   \
+    if (!(cond)) {                                                                                 \
+      ck_failures++;                                                                               \
+      printf("FAIL %s:%d: ", __FILE__, __LINE__);                                                  \
+      printf(__VA_ARGS__);                                                                         \
+      printf("\n");                                                                                \
+    }                                                                                              \
   } while (0)
 
 /* splitmix64: deterministic across platforms */
@@ -67,9 +67,8 @@ static inline double *to_double(const float *x, int64_t n) {
 }
 
 /* Forward check: |got - want| <= atol + rtol |want| elementwise. Prints one line. */
-static inline void check_close(const char *what, const float *got, const double *want,
-                               int64_t n,
-                        double rtol, double atol) {
+static inline void check_close(const char *what, const float *got, const double *want, int64_t n,
+                               double rtol, double atol) {
   double worst = 0.0;
   int64_t bad = -1;
   for (int64_t i = 0; i < n; i++) {
@@ -80,8 +79,18 @@ static inline void check_close(const char *what, const float *got, const double 
   }
   CHECK(bad < 0, "%s: element %lld got %.9g want %.9g", what, (long long)bad,
         bad >= 0 ? got[bad] : 0.0, bad >= 0 ? want[bad] : 0.0);
-  printf("  %-44s %6lld values, worst err/tol %.2e (rtol %.0e, atol %.0e)\n", what,
-         (long long)n, worst, rtol, atol);
+  printf("  %-44s %6lld values, worst err/tol %.2e (rtol %.0e, atol %.0e)\n", what, (long long)n,
+         worst, rtol, atol);
+}
+
+/* Accumulation check: `acc` is a gradient buffer after two identical backward calls that
+ * add into it, starting from zero, and `once` its value after the first. */
+static inline void check_accumulates(const char *what, const float *acc, const float *once,
+                                     int64_t n) {
+  double *want = dalloc(n), big = 0.0;
+  for (int64_t i = 0; i < n; i++) want[i] = 2.0 * once[i], big = fmax(big, fabs(2.0 * once[i]));
+  check_close(what, acc, want, n, 1e-6, 1e-6 * big);
+  free(want);
 }
 
 /* Objective of a gradient check: evaluates sum(r ⊙ naive_forward(inputs)) in double. */
@@ -89,8 +98,8 @@ typedef double (*ck_objective)(void *ctx);
 
 /* Central-difference check of the analytic gradient g (n values) of x, the double input that
  * the objective reads through ctx. Checks every `stride`-th element (1 = all). */
-static inline void check_grad(const char *what, ck_objective f, void *ctx, double *x, const float *g,
-                       int64_t n, int64_t stride, double tol) {
+static inline void check_grad(const char *what, ck_objective f, void *ctx, double *x,
+                              const float *g, int64_t n, int64_t stride, double tol) {
   int64_t m = (n + stride - 1) / stride;
   double *num = dalloc(m), big = 0.0;
   for (int64_t c = 0; c < m; c++) {
@@ -116,8 +125,8 @@ static inline void check_grad(const char *what, ck_objective f, void *ctx, doubl
   CHECK(bad < 0, "%s: element %lld analytic %.9g numeric %.9g", what, (long long)bad,
         bad >= 0 ? g[bad] : 0.0, bad >= 0 ? num[bad / stride] : 0.0);
   CHECK(big > 0.0, "%s: numeric gradient is identically zero", what);
-  printf("  %-44s %6lld of %6lld checked, worst rel err %.2e (tol %.0e)\n", what,
-         (long long)m, (long long)n, worst, tol);
+  printf("  %-44s %6lld of %6lld checked, worst rel err %.2e (tol %.0e)\n", what, (long long)m,
+         (long long)n, worst, tol);
   free(num);
 }
 

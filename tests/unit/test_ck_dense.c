@@ -34,6 +34,24 @@ static void test_matmul(void) {
         snprintf(what, sizeof what, "matmul trans_a=%d trans_b=%d beta=%g", ta, tb, beta);
         check_close(what, C, want, m * n, 1e-5, 1e-6);
       }
+  /* ck_gemm on a strided block: alpha 0.5, A^T read from a wider buffer, C written into
+   * columns 0..n-1 of rows of stride n + 3 (the other columns must stay untouched) */
+  {
+    const int64_t lda = m + 2, ldc = n + 3;
+    float *Aw = falloc(k * lda), *Cw = falloc(m * ldc);
+    double *wantw = dalloc(m * ldc);
+    fill(Aw, k * lda, -1, 1), fill(Cw, m * ldc, -1, 1);
+    for (int64_t i = 0; i < m * ldc; i++) wantw[i] = Cw[i];
+    for (int64_t i = 0; i < m; i++)
+      for (int64_t j = 0; j < n; j++) {
+        double s = 0.0;
+        for (int64_t p = 0; p < k; p++) s += (double)Aw[p * lda + i] * B[p * n + j];
+        wantw[i * ldc + j] = 0.5 * s + 0.25 * Cw[i * ldc + j];
+      }
+    ck_gemm(1, 0, m, n, k, 0.5f, Aw, lda, B, n, 0.25f, Cw, ldc);
+    check_close("gemm strided (lda, ldc), alpha 0.5", Cw, wantw, m * ldc, 1e-5, 1e-6);
+    free(Aw), free(Cw), free(wantw);
+  }
   /* empty sizes: an expert with no tokens gives m = 0; k = 0 is an empty sum */
   ck_matmul(A, B, C, 0, k, n, 0, 0, 0.0f);
   for (int64_t i = 0; i < m * n; i++) C[i] = 2.0f;
@@ -47,7 +65,10 @@ static void test_matmul(void) {
 
 /* ---- linear ---- */
 
-typedef struct { int64_t n, in, out; int bias; } linear_op;
+typedef struct {
+  int64_t n, in, out;
+  int bias;
+} linear_op;
 static void naive_linear(const void *p, double *const *in, double *out) {
   const linear_op *o = p;
   for (int64_t r = 0; r < o->n; r++)
@@ -64,30 +85,37 @@ static void test_linear(void) {
     linear_op op = {T, H, N_OUT, bias};
     float *x = falloc(T * H), *w = falloc(H * N_OUT), *b = falloc(N_OUT), *y = falloc(T * N_OUT);
     float *r = falloc(T * N_OUT), *dx = falloc(T * H), *dw = falloc(H * N_OUT), *db = falloc(N_OUT);
-    fill(x, T * H, -1, 1), fill(w, H * N_OUT, -1, 1), fill(b, N_OUT, -1, 1), fill(r, T * N_OUT, -1, 1);
-    ck_fd fd = {naive_linear, &op, {to_double(x, T * H), to_double(w, H * N_OUT), to_double(b, N_OUT)},
-                to_double(r, T * N_OUT), dalloc(T * N_OUT), T * N_OUT};
+    fill(x, T * H, -1, 1), fill(w, H * N_OUT, -1, 1), fill(b, N_OUT, -1, 1),
+        fill(r, T * N_OUT, -1, 1);
+    ck_fd fd = {naive_linear,
+                &op,
+                {to_double(x, T * H), to_double(w, H * N_OUT), to_double(b, N_OUT)},
+                to_double(r, T * N_OUT),
+                dalloc(T * N_OUT),
+                T * N_OUT};
     ck_linear_fwd(x, w, bias ? b : NULL, y, T, H, N_OUT);
     naive_linear(&op, fd.in, fd.out);
     check_close(bias ? "linear fwd, bias" : "linear fwd", y, fd.out, T * N_OUT, 1e-5, 1e-6);
-    /* parameter gradients accumulate: start them from known values and subtract */
-    float *dw0 = falloc(H * N_OUT), *db0 = falloc(N_OUT);
-    fill(dw0, H * N_OUT, -1, 1), fill(db0, N_OUT, -1, 1);
-    memcpy(dw, dw0, sizeof(float) * H * N_OUT), memcpy(db, db0, sizeof(float) * N_OUT);
     ck_linear_bwd(x, w, r, dx, dw, bias ? db : NULL, T, H, N_OUT);
-    for (int64_t i = 0; i < H * N_OUT; i++) dw[i] -= dw0[i];
-    for (int64_t i = 0; i < N_OUT; i++) db[i] -= db0[i];
     check_grad("linear bwd dx", fd_objective, &fd, fd.in[0], dx, T * H, 1, 1e-3);
-    check_grad("linear bwd dw (+=)", fd_objective, &fd, fd.in[1], dw, H * N_OUT, 1, 1e-3);
-    if (bias) check_grad("linear bwd db (+=)", fd_objective, &fd, fd.in[2], db, N_OUT, 1, 1e-3);
-    free(x), free(w), free(b), free(y), free(r), free(dx), free(dw), free(db), free(dw0), free(db0);
+    check_grad("linear bwd dw", fd_objective, &fd, fd.in[1], dw, H * N_OUT, 1, 1e-3);
+    if (bias) check_grad("linear bwd db", fd_objective, &fd, fd.in[2], db, N_OUT, 1, 1e-3);
+    /* parameter gradients accumulate: a second call doubles them */
+    float *dw1 = falloc(H * N_OUT), *db1 = falloc(N_OUT);
+    memcpy(dw1, dw, sizeof(float) * H * N_OUT), memcpy(db1, db, sizeof(float) * N_OUT);
+    ck_linear_bwd(x, w, r, NULL, dw, bias ? db : NULL, T, H, N_OUT);
+    check_accumulates("linear bwd dw +=", dw, dw1, H * N_OUT);
+    if (bias) check_accumulates("linear bwd db +=", db, db1, N_OUT);
+    free(x), free(w), free(b), free(y), free(r), free(dx), free(dw), free(db), free(dw1), free(db1);
     free(fd.in[0]), free(fd.in[1]), free(fd.in[2]), free((void *)fd.r), free(fd.out);
   }
 }
 
 /* ---- embedding ---- */
 
-typedef struct { const int32_t *tok; } emb_op;
+typedef struct {
+  const int32_t *tok;
+} emb_op;
 static void naive_embedding(const void *p, double *const *in, double *out) {
   const emb_op *o = p;
   for (int64_t t = 0; t < T; t++)
@@ -100,17 +128,17 @@ static void test_embedding(void) {
   emb_op op = {tok};
   float *table = falloc(V * H), *out = falloc(T * H), *r = falloc(T * H), *dt = falloc(V * H);
   fill(table, V * H, -1, 1), fill(r, T * H, -1, 1);
-  ck_fd fd = {naive_embedding, &op, {to_double(table, V * H)}, to_double(r, T * H), dalloc(T * H),
-              T * H};
+  ck_fd fd = {naive_embedding,     &op,           {to_double(table, V * H)},
+              to_double(r, T * H), dalloc(T * H), T * H};
   CHECK(ck_embedding_fwd(table, tok, out, T, V, H) == CK_OK, "embedding fwd rc");
   naive_embedding(&op, fd.in, fd.out);
   check_close("embedding fwd", out, fd.out, T * H, 0, 0);
-  float *dt0 = falloc(V * H);
-  fill(dt0, V * H, -1, 1);
-  memcpy(dt, dt0, sizeof(float) * V * H);
   CHECK(ck_embedding_bwd(tok, r, dt, T, V, H) == CK_OK, "embedding bwd rc");
-  for (int64_t i = 0; i < V * H; i++) dt[i] -= dt0[i];
-  check_grad("embedding bwd dtable (+=)", fd_objective, &fd, fd.in[0], dt, V * H, 1, 1e-3);
+  check_grad("embedding bwd dtable", fd_objective, &fd, fd.in[0], dt, V * H, 1, 1e-3);
+  float *dt0 = falloc(V * H);
+  memcpy(dt0, dt, sizeof(float) * V * H);
+  ck_embedding_bwd(tok, r, dt, T, V, H);
+  check_accumulates("embedding bwd dtable +=", dt, dt0, V * H);
   /* out of range: an error code and no write */
   int32_t bad_hi[T] = {1, 2, V, 0, 0, 0}, bad_lo[T] = {1, -1, 0, 0, 0, 0};
   for (int64_t i = 0; i < T * H; i++) out[i] = 42.0f;
@@ -122,12 +150,15 @@ static void test_embedding(void) {
   for (int64_t i = 0; i < T * H; i++) untouched &= out[i] == 42.0f;
   CHECK(untouched, "a failed embedding call must not write");
   printf("  tokens V and -1 return CK_EINDEX (%s) and write nothing\n", ck_strerror(CK_EINDEX));
-  free(table), free(out), free(r), free(dt), free(dt0), free(fd.in[0]), free((void *)fd.r), free(fd.out);
+  free(table), free(out), free(r), free(dt), free(dt0), free(fd.in[0]), free((void *)fd.r),
+      free(fd.out);
 }
 
 /* ---- rmsnorm ---- */
 
-typedef struct { double eps; } rms_op;
+typedef struct {
+  double eps;
+} rms_op;
 static void naive_rmsnorm(const void *p, double *const *in, double *out) {
   const rms_op *o = p;
   for (int64_t t = 0; t < T; t++) {
@@ -144,17 +175,18 @@ static void test_rmsnorm(void) {
   rms_op op = {eps};
   float *x = falloc(T * H), *w = falloc(H), *y = falloc(T * H), *r = falloc(T * H);
   float *dx = falloc(T * H), *dw = falloc(H), *dw0 = falloc(H);
-  fill(x, T * H, -2, 2), fill(w, H, 0.5f, 1.5f), fill(r, T * H, -1, 1), fill(dw0, H, -1, 1);
-  ck_fd fd = {naive_rmsnorm, &op, {to_double(x, T * H), to_double(w, H)}, to_double(r, T * H),
-              dalloc(T * H), T * H};
+  fill(x, T * H, -2, 2), fill(w, H, 0.5f, 1.5f), fill(r, T * H, -1, 1);
+  ck_fd fd = {naive_rmsnorm,       &op,           {to_double(x, T * H), to_double(w, H)},
+              to_double(r, T * H), dalloc(T * H), T * H};
   ck_rmsnorm_fwd(x, w, y, T, H, eps);
   naive_rmsnorm(&op, fd.in, fd.out);
   check_close("rmsnorm fwd", y, fd.out, T * H, 1e-6, 1e-7);
-  memcpy(dw, dw0, sizeof(float) * H);
   ck_rmsnorm_bwd(x, w, r, dx, dw, T, H, eps);
-  for (int64_t i = 0; i < H; i++) dw[i] -= dw0[i];
   check_grad("rmsnorm bwd dx", fd_objective, &fd, fd.in[0], dx, T * H, 1, 1e-3);
-  check_grad("rmsnorm bwd dw (+=)", fd_objective, &fd, fd.in[1], dw, H, 1, 1e-3);
+  check_grad("rmsnorm bwd dw", fd_objective, &fd, fd.in[1], dw, H, 1, 1e-3);
+  memcpy(dw0, dw, sizeof(float) * H);
+  ck_rmsnorm_bwd(x, w, r, dx, dw, T, H, eps);
+  check_accumulates("rmsnorm bwd dw +=", dw, dw0, H);
   /* in place: y aliasing x, dx aliasing dy */
   float *xy = falloc(T * H), *g = falloc(T * H);
   memcpy(xy, x, sizeof(float) * T * H), memcpy(g, r, sizeof(float) * T * H);
@@ -189,7 +221,8 @@ static void test_elementwise(void) {
   float *da = falloc(NE), *db = falloc(NE);
   fill(a, NE, -6, 6), fill(b, NE, -2, 2), fill(r, NE, -1, 1);
   a[0] = 30.0f, a[1] = -30.0f, a[2] = 90.0f, a[3] = -90.0f; /* saturated sigmoid, no inf/NaN */
-  ck_fd fd = {naive_silu, NULL, {to_double(a, NE), to_double(b, NE)}, to_double(r, NE), dalloc(NE), NE};
+  ck_fd fd = {naive_silu,       NULL,       {to_double(a, NE), to_double(b, NE)},
+              to_double(r, NE), dalloc(NE), NE};
 
   ck_silu_fwd(a, y, NE);
   naive_silu(NULL, fd.in, fd.out);

@@ -1,0 +1,64 @@
+/* memplan.c -- the liveness walk behind the predicted peak memory. Run-time sizes (rows routed
+ * to an expert) count at their bound, so the prediction is an upper bound for the values. */
+#include "memplan.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+static int64_t dtype_bytes(ir_dtype t) {
+  switch (t) {
+    case DT_BF16: return 2;
+    case DT_E4M3:
+    case DT_E8M0: return 1;
+    default: return 4;
+  }
+}
+
+/* Scratch an op holds only while it runs: attention's scores and probabilities, per sequence. */
+static int64_t scratch_bytes(const ir_graph *g, const ir_node *n) {
+  if (n->op != OP_ATTENTION && n->op != OP_ATTENTION_BWD) return 0;
+  int64_t nh = ir_get_int(n, "heads", 1), seq = ir_get_int(n, "seq", 1);
+  int64_t es = dtype_bytes(g->nodes[n->in[0]].type.dtype);
+  return nh * seq * seq * (4 + es) + 2 * nh * seq * 4;
+}
+
+void memplan_estimate(const ir_graph *g, memplan *out) {
+  memset(out, 0, sizeof *out);
+  int n = g->n_nodes;
+  int *last = malloc((size_t)(n + 1) * sizeof *last);
+  if (!last) return;
+  for (int id = 0; id < n; id++) {
+    last[id] = id;
+    for (int j = 0; j < g->nodes[id].n_in; j++) last[g->nodes[id].in[j]] = id;
+  }
+  for (int i = 0; i < g->n_outputs; i++) last[g->outputs[i]] = n;
+  int has_adamw = 0;
+  int64_t live = 0;
+  for (int id = 0; id < n; id++) {
+    const ir_node *nd = &g->nodes[id];
+    int64_t bytes = ir_type_numel_bound(g, &nd->type) * dtype_bytes(nd->type.dtype);
+    if (nd->op == OP_PARAM) {
+      out->params += bytes;
+      continue;
+    }
+    has_adamw |= nd->op == OP_ADAMW;
+    if (nd->op == OP_ADAMW) continue; /* updates its parameter in place */
+    live += bytes;
+    int64_t now = live + scratch_bytes(g, nd);
+    if (now > out->activations) {
+      out->activations = now;
+      out->peak_at = id;
+    }
+    for (int j = 0; j < nd->n_in; j++) {
+      int v = nd->in[j];
+      const ir_node *src = &g->nodes[v];
+      if (last[v] != id || src->op == OP_PARAM || src->op == OP_ADAMW) continue;
+      int dup = 0; /* an operand listed twice is freed once */
+      for (int k = 0; k < j; k++) dup |= nd->in[k] == v;
+      if (!dup) live -= ir_type_numel_bound(g, &src->type) * dtype_bytes(src->type.dtype);
+    }
+  }
+  out->optimizer = has_adamw ? 2 * out->params : 0;
+  out->total = out->params + out->optimizer + out->activations;
+  free(last);
+}

@@ -1,0 +1,109 @@
+/* ckpt.h -- crash-safe training checkpoints, in a layout Hugging Face transformers can load.
+ *
+ * Layout of a checkpoint root DIR:
+ *   DIR/latest                   one line, "step-00000100\n": the checkpoint to resume from
+ *   DIR/step-00000100/           one complete checkpoint (steps >= 1e8 get more digits)
+ *       model.safetensors        parameters, f32, under the caller's (HF) names;
+ *                                metadata {"format": "pt"} as transformers expects
+ *       optimizer.safetensors    Adam moments, f32: "<param>.exp_avg", "<param>.exp_avg_sq"
+ *       config.json              MixtralForCausalLM config (ckpt_hf_config_json)
+ *       state.json               {"step": S, "seed": ..., "moec_version": "...", caller keys}
+ *   DIR/.tmp-step-00000100-<pid>/  a checkpoint being written (or left by a crashed writer)
+ *
+ * ckpt_save writes everything into the .tmp- directory (each file fsynced), fsyncs it,
+ * renames it to step-N (atomically exchanging with an existing step-N), fsyncs DIR, replaces
+ * DIR/latest atomically (temporary file, fsync, rename, fsync DIR), and only then deletes
+ * checkpoints beyond the last `keep` and stale .tmp-* entries of dead writers. A kill or a
+ * power loss at any moment leaves `latest` naming a complete checkpoint (or absent, before
+ * the first save completes). Every write, fsync, close and rename is checked.
+ *
+ * All functions that can fail take (char *err, size_t errlen); messages name the file and
+ * the tensor, and say what to do. err may be NULL.
+ */
+#ifndef MOEC_CKPT_H
+#define MOEC_CKPT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "config.h"
+#include "safetensors.h"
+
+#define CKPT_MAX_DIMS ST_MAX_DIMS
+#define CKPT_DEFAULT_KEEP 2
+
+/* One trainable parameter. save reads w/m/v; load writes them (numel floats each). */
+typedef struct {
+  const char *name;             /* HF name, "model.layers.0.self_attn.q_proj.weight" */
+  int ndim;                     /* 0 = scalar */
+  int64_t shape[CKPT_MAX_DIMS]; /* HF (PyTorch) order: Linear weights are [out, in] */
+  float *w;                     /* (numel) the fp32 master weight */
+  float *m, *v;                 /* (numel) Adam exp_avg / exp_avg_sq; both NULL = not optimised */
+} ckpt_param;
+
+typedef enum { CKPT_INT, CKPT_F64, CKPT_STR } ckpt_kind;
+
+/* A caller key for state.json (data position, RNG counters, last loss, ...). */
+typedef struct {
+  const char *key;              /* not "step", "seed" or "moec_version" */
+  ckpt_kind kind;
+  int64_t i;                    /* CKPT_INT */
+  double d;                     /* CKPT_F64 (finite) */
+  const char *s;                /* CKPT_STR */
+} ckpt_kv;
+
+typedef struct {
+  const moec_config *config;    /* model sizes -> config.json; seed -> state.json */
+  int64_t bos_id, eos_id, pad_id; /* token ids for config.json (-1: written as null) */
+  const ckpt_param *params;
+  size_t n_params;
+  const ckpt_kv *state;         /* save only: extra state.json keys */
+  size_t n_state;
+  int keep;                     /* save only: checkpoints kept, the new one included;
+                                   0 = CKPT_DEFAULT_KEEP */
+} ckpt_contents;
+
+/* Saves step into DIR (created, with parents, if missing). Returns 0 when the checkpoint is
+ * complete and `latest` names it; err then holds "" or a warning (an old checkpoint that
+ * could not be deleted). Returns -1 with err set otherwise; `latest` and the previous
+ * checkpoints are then untouched. */
+int ckpt_save(const char *dir, int64_t step, const ckpt_contents *c, char *err, size_t errlen);
+
+/* The checkpoint DIR/latest names: 1 found (path_out = "DIR/step-...", *step_out = S),
+ * 0 none (DIR or DIR/latest absent), -1 error (unreadable or malformed `latest`, or it names
+ * a missing directory). ckpt_latest_err also says why. step_out may be NULL. */
+int ckpt_latest(const char *dir, char *path_out, size_t len, int64_t *step_out);
+int ckpt_latest_err(const char *dir, char *path_out, size_t len, int64_t *step_out, char *err,
+                    size_t errlen);
+
+/* What state.json held. */
+typedef struct {
+  int64_t step, seed;
+  char moec_version[64];
+  st_json *json;                /* the whole file, for caller keys (use the getters) */
+} ckpt_state;
+
+/* Loads the checkpoint directory path (a step-* directory) into c->params[i].w/m/v, checking
+ * first that all four files exist and parse, that model.safetensors holds exactly the
+ * parameters of c (names, shapes; F32, or BF16/F16 converted), that optimizer.safetensors
+ * holds exactly their moments, that config.json describes the same model sizes as c->config,
+ * and that state.json's step matches the directory's name. Nothing is written to the
+ * buffers unless all of that holds. state may be NULL; otherwise free it with
+ * ckpt_state_free. Returns 0 or -1. */
+int ckpt_load(const char *path, const ckpt_contents *c, ckpt_state *state, char *err,
+              size_t errlen);
+int ckpt_state_i64(const ckpt_state *s, const char *key, int64_t *out); /* 0, or -1 absent/type */
+int ckpt_state_f64(const ckpt_state *s, const char *key, double *out);  /* INT or NUM */
+const char *ckpt_state_str(const ckpt_state *s, const char *key);       /* NULL absent/type */
+void ckpt_state_free(ckpt_state *s);
+
+/* The config.json of a MixtralForCausalLM with cfg's sizes, into a malloc'd string (*out).
+ * head_dim 0 means hidden/heads, kv_heads 0 means heads. Token ids < 0 are written as null.
+ * Returns 0, or -1 when a size is missing or inconsistent. */
+int ckpt_hf_config_json(const moec_config *cfg, int64_t bos_id, int64_t eos_id, int64_t pad_id,
+                        char **out, char *err, size_t errlen);
+
+/* Removes a directory tree (no symlinks followed). 0, or -1 with errno set. */
+int ckpt_rmtree(const char *path);
+
+#endif

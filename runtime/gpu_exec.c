@@ -1,0 +1,768 @@
+/* gpu_exec.c -- the IR on one GPU, node by node: one exec function per op (the op table's
+ * CUDA column), mirroring cpu_exec.c. Values live in device buffers from a size-class pool
+ * and go back to it after their last use. */
+#include "gpu_exec.h"
+
+#include <assert.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cpu_kernels.h"
+#include "gpu_attention.h"
+#include "gpu_blas.h"
+#include "gpu_kernels.h"
+
+/* ---------------------------------------------------------------- the runtime */
+typedef struct {
+  gpu_ptr w, m, v; /* (numel) f32 master weight and AdamW moments */
+} dev_param;
+
+#define POOL_CLASSES 48
+struct gpu_runtime {
+  gpu_ctx *g;
+  rt_cuda *k;
+  gpu_blas *blas;
+  gpu_attention *attn;
+  rt_params *ps;
+  dev_param *dp; /* (ps->n) */
+  struct {
+    gpu_ptr *free;
+    int n, cap;
+  } pool[POOL_CLASSES]; /* free buffers of 2^c bytes */
+  char device[320];
+};
+
+static int pool_class(size_t bytes) {
+  int c = 8; /* 256 B at least */
+  while (c < POOL_CLASSES - 1 && ((size_t)1 << c) < bytes) c++;
+  return c;
+}
+
+static int pool_get(gpu_runtime *rt, size_t bytes, gpu_ptr *p) {
+  int c = pool_class(bytes);
+  if (rt->pool[c].n > 0) {
+    *p = rt->pool[c].free[--rt->pool[c].n];
+    return 0;
+  }
+  if (gpu_alloc(rt->g, p, (size_t)1 << c, "activations") == 0) return 0;
+  /* out of memory: give the cached buffers back and try once more */
+  for (int i = 0; i < POOL_CLASSES; i++) {
+    for (int j = 0; j < rt->pool[i].n; j++) gpu_free(rt->g, rt->pool[i].free[j]);
+    rt->pool[i].n = 0;
+  }
+  return gpu_alloc(rt->g, p, (size_t)1 << c, "activations");
+}
+
+static void pool_put(gpu_runtime *rt, gpu_ptr p, size_t bytes) {
+  int c = pool_class(bytes);
+  if (rt->pool[c].n == rt->pool[c].cap) {
+    int cap = rt->pool[c].cap ? 2 * rt->pool[c].cap : 16;
+    gpu_ptr *f = realloc(rt->pool[c].free, (size_t)cap * sizeof *f);
+    if (!f) {
+      gpu_free(rt->g, p);
+      return;
+    }
+    rt->pool[c].free = f;
+    rt->pool[c].cap = cap;
+  }
+  rt->pool[c].free[rt->pool[c].n++] = p;
+}
+
+gpu_runtime *gpu_runtime_new(rt_params *ps, const char *dump_dir, char *err, size_t errlen) {
+  gpu_runtime *rt = calloc(1, sizeof *rt);
+  if (!rt) {
+    snprintf(err, errlen, "out of host memory");
+    return NULL;
+  }
+  int n = 0;
+  if (gpu_driver_load(err, errlen) != 0 || gpu_device_count(&n, err, errlen) != 0) goto fail;
+  if (n < 1) {
+    snprintf(err, errlen, "the NVIDIA driver sees no GPU; use --device cpu");
+    goto fail;
+  }
+  if (!(rt->g = gpu_open(0, err, errlen))) goto fail;
+  rt_cuda_opts ko;
+  memset(&ko, 0, sizeof ko);
+  ko.dump_dir = dump_dir;
+  if (!(rt->k = rt_cuda_new(rt->g, &ko, err, errlen))) goto fail;
+  if (!(rt->blas = gpu_blas_new(rt->g, err, errlen))) goto fail;
+  if (!(rt->attn = gpu_attention_new(rt->k, rt->blas, err, errlen))) goto fail;
+  const gpu_device_info *d = gpu_info(rt->g);
+  snprintf(rt->device, sizeof rt->device, "%s (%s)", d->name, rt_cuda_arch(rt->k));
+  rt->ps = ps;
+  rt->dp = calloc((size_t)ps->n + 1, sizeof *rt->dp);
+  if (!rt->dp) goto fail;
+  for (int i = 0; i < ps->n; i++) {
+    size_t bytes = (size_t)ps->p[i].numel * 4;
+    if (gpu_alloc(rt->g, &rt->dp[i].w, bytes, "the weights") || gpu_alloc(rt->g, &rt->dp[i].m, bytes, "the AdamW moments") ||
+        gpu_alloc(rt->g, &rt->dp[i].v, bytes, "the AdamW moments")) {
+      snprintf(err, errlen, "%s", gpu_error(rt->g));
+      goto fail;
+    }
+  }
+  if (gpu_runtime_upload(rt, ps, err, errlen) != 0) goto fail;
+  return rt;
+fail:
+  gpu_runtime_free(rt);
+  return NULL;
+}
+
+void gpu_runtime_free(gpu_runtime *rt) {
+  if (!rt) return;
+  if (rt->g) gpu_sync(rt->g);
+  for (int i = 0; rt->dp && i < rt->ps->n; i++) {
+    gpu_free(rt->g, rt->dp[i].w);
+    gpu_free(rt->g, rt->dp[i].m);
+    gpu_free(rt->g, rt->dp[i].v);
+  }
+  free(rt->dp);
+  for (int c = 0; c < POOL_CLASSES; c++) {
+    for (int j = 0; j < rt->pool[c].n; j++) gpu_free(rt->g, rt->pool[c].free[j]);
+    free(rt->pool[c].free);
+  }
+  gpu_attention_free(rt->attn);
+  gpu_blas_free(rt->blas);
+  rt_cuda_free(rt->k);
+  if (rt->g) gpu_close(rt->g);
+  free(rt);
+}
+
+int gpu_runtime_upload(gpu_runtime *rt, const rt_params *ps, char *err, size_t errlen) {
+  for (int i = 0; i < ps->n; i++) {
+    size_t bytes = (size_t)ps->p[i].numel * 4;
+    if (gpu_upload(rt->g, rt->dp[i].w, ps->p[i].w, bytes) || gpu_upload(rt->g, rt->dp[i].m, ps->p[i].m, bytes) ||
+        gpu_upload(rt->g, rt->dp[i].v, ps->p[i].v, bytes)) {
+      snprintf(err, errlen, "%s", gpu_error(rt->g));
+      return -1;
+    }
+  }
+  return 0;
+}
+
+int gpu_runtime_download(gpu_runtime *rt, rt_params *ps, char *err, size_t errlen) {
+  for (int i = 0; i < ps->n; i++) {
+    size_t bytes = (size_t)ps->p[i].numel * 4;
+    if (gpu_download(rt->g, ps->p[i].w, rt->dp[i].w, bytes) || gpu_download(rt->g, ps->p[i].m, rt->dp[i].m, bytes) ||
+        gpu_download(rt->g, ps->p[i].v, rt->dp[i].v, bytes)) {
+      snprintf(err, errlen, "%s", gpu_error(rt->g));
+      return -1;
+    }
+  }
+  return 0;
+}
+
+const char *gpu_runtime_device(const gpu_runtime *rt) { return rt->device; }
+size_t gpu_runtime_peak_bytes(const gpu_runtime *rt) { return gpu_peak_bytes(rt->g); }
+
+/* ---------------------------------------------------------------- the executor */
+typedef struct {
+  gpu_ptr p;
+  size_t bytes;   /* pool size class request; 0 = not owned (param, input) */
+  int64_t rows;   /* run-time leading dimension */
+  int64_t numel;
+} dev_value;
+
+/* The expert permutation of one routing (a topk result), computed once per run. */
+typedef struct {
+  int idx;            /* value id of the topk result, -1 = empty slot */
+  int64_t E;
+  rt_cuda_routing r;  /* device arrays */
+  gpu_ptr mem;
+  size_t bytes;
+  int32_t *counts, *offsets; /* host copies (E), (E+1) */
+  gpu_ptr dy_stacked; /* combine's expert gradients, all experts (T*k, H), for one dout */
+  int dy_of;          /* the dout value id it was computed for */
+  size_t dy_bytes;
+} routing;
+
+#define MAX_ROUTINGS 256
+struct gpu_exec {
+  gpu_runtime *rt;
+  const ir_graph *g;
+  int *param_index; /* (n_nodes) index into rt->ps/dp for param ops, -1 otherwise */
+  int *last_use;
+  dev_value *val;
+  routing routes[MAX_ROUTINGS];
+  int n_routes;
+  gpu_ptr tokens, labels; /* i32 (T) */
+  int64_t T;
+  gpu_ptr gnorm;          /* f32 () the last grad_norm */
+  int keep_all;
+  int64_t step;
+  char *err;
+  size_t errlen;
+};
+typedef struct gpu_exec gx;
+
+#define N(id) (&x->g->nodes[id])
+#define V(id, k) (&x->val[N(id)->in[k]])
+#define COLS(id) (N(id)->type.rank >= 2 ? N(id)->type.dims[N(id)->type.rank - 1] : 1)
+#define INCOLS(id, k) COLS(N(id)->in[k])
+#define KX x->rt->k
+
+static int fail(gx *x, int id, const char *fmt, ...) {
+  const ir_node *n = &x->g->nodes[id];
+  int k = snprintf(x->err, x->errlen, "%s:%d:%d: error: %s (%%%d) on the GPU: ", n->loc.file ? n->loc.file : "?",
+                   n->loc.line, n->loc.col, ir_ops[n->op].name, id);
+  va_list ap;
+  va_start(ap, fmt);
+  if (k >= 0 && (size_t)k < x->errlen) vsnprintf(x->err + k, x->errlen - (size_t)k, fmt, ap);
+  va_end(ap);
+  return -1;
+}
+
+static int ck(gx *x, int id, int rc) { return rc == 0 ? 0 : fail(x, id, "%s", rt_cuda_error(KX)); }
+
+static cg_dtype cdt(ir_dtype t) { return t == DT_BF16 ? CG_DT_BF16 : CG_DT_F32; }
+static size_t dsize(ir_dtype t) { return t == DT_BF16 ? 2 : 4; }
+static cg_dtype DT(gx *x, int v) { return cdt(x->g->nodes[v].type.dtype); }
+
+static int alloc_out(gx *x, int id, int64_t rows, int zero) {
+  const ir_type *t = &N(id)->type;
+  int64_t numel = t->rank == 0 ? 1 : rows;
+  for (int d = 1; d < t->rank; d++) numel *= t->dims[d];
+  dev_value *v = &x->val[id];
+  v->rows = t->rank == 0 ? 1 : rows;
+  v->numel = numel;
+  v->bytes = (size_t)(numel > 0 ? numel : 1) * dsize(t->dtype);
+  if (pool_get(x->rt, v->bytes, &v->p) != 0) {
+    v->bytes = 0;
+    return fail(x, id, "%s", gpu_error(x->rt->g));
+  }
+  if (zero && gpu_memset8(x->rt->g, v->p, 0, v->bytes) != 0) return fail(x, id, "%s", gpu_error(x->rt->g));
+  return 0;
+}
+
+static void release(gx *x, dev_value *v) {
+  if (v->bytes) pool_put(x->rt, v->p, v->bytes);
+  memset(v, 0, sizeof *v);
+}
+
+/* ---- routing ---- */
+static routing *route_of(gx *x, int id, int idx) {
+  for (int i = 0; i < x->n_routes; i++)
+    if (x->routes[i].idx == idx) return &x->routes[i];
+  if (x->n_routes == MAX_ROUTINGS) {
+    fail(x, id, "more than %d routers in one graph", MAX_ROUTINGS);
+    return NULL;
+  }
+  /* E = the width of the logits the topk read */
+  const ir_node *topk = N(idx);
+  if (topk->op != OP_TOPK) {
+    fail(x, id, "routing indices must come straight from topk");
+    return NULL;
+  }
+  routing *r = &x->routes[x->n_routes++];
+  memset(r, 0, sizeof *r);
+  r->idx = idx;
+  r->E = x->g->nodes[topk->in[0]].type.dims[1];
+  int64_t T = x->val[idx].rows, k = COLS(idx), np = T * k;
+  r->bytes = (size_t)(3 * np + 2 * r->E + 2) * 4 + 1024;
+  if (pool_get(x->rt, r->bytes, &r->mem) != 0) {
+    fail(x, id, "%s", gpu_error(x->rt->g));
+    return NULL;
+  }
+  gpu_ptr p = r->mem;
+  r->r.rows = p, p += (gpu_ptr)(np * 4 + 255) / 256 * 256;
+  r->r.slots = p, p += (gpu_ptr)(np * 4 + 255) / 256 * 256;
+  r->r.pos = p, p += (gpu_ptr)(np * 4 + 255) / 256 * 256;
+  r->r.counts = p, p += (gpu_ptr)(r->E * 4 + 255) / 256 * 256;
+  r->r.offsets = p;
+  r->counts = malloc((size_t)r->E * 4);
+  r->offsets = malloc((size_t)(r->E + 1) * 4);
+  r->dy_of = -1;
+  if (!r->counts || !r->offsets) {
+    fail(x, id, "out of host memory");
+    return NULL;
+  }
+  /* the per-expert GEMMs need the row counts on the host: one synchronisation per layer */
+  if (rt_cuda_route(KX, x->val[idx].p, T, k, r->E, &r->r) != 0 ||
+      gpu_download(x->rt->g, r->offsets, r->r.offsets, (size_t)(r->E + 1) * 4) != 0) {
+    fail(x, id, "%s", rt_cuda_error(KX)[0] ? rt_cuda_error(KX) : gpu_error(x->rt->g));
+    return NULL;
+  }
+  for (int64_t e = 0; e < r->E; e++) r->counts[e] = r->offsets[e + 1] - r->offsets[e];
+  return r;
+}
+
+static void routes_release(gx *x) {
+  for (int i = 0; i < x->n_routes; i++) {
+    routing *r = &x->routes[i];
+    pool_put(x->rt, r->mem, r->bytes);
+    if (r->dy_bytes) pool_put(x->rt, r->dy_stacked, r->dy_bytes);
+    free(r->counts);
+    free(r->offsets);
+  }
+  x->n_routes = 0;
+}
+
+/* Expert outputs y_0..y_{E-1} (operands first..) copied into one (T*k, H) buffer, expert e's
+ * rows at offsets[e]: the layout the combine kernels read. */
+static int stack_experts(gx *x, int id, routing *r, int first, gpu_ptr *out, size_t *bytes) {
+  int64_t H = INCOLS(id, first), Tk = (int64_t)r->offsets[r->E];
+  size_t es = dsize(x->g->nodes[N(id)->in[first]].type.dtype);
+  *bytes = (size_t)(Tk > 0 ? Tk : 1) * (size_t)H * es;
+  if (pool_get(x->rt, *bytes, out) != 0) return fail(x, id, "%s", gpu_error(x->rt->g));
+  for (int64_t e = 0; e < r->E; e++) {
+    const dev_value *y = V(id, first + (int)e);
+    if (y->rows != r->counts[e]) return fail(x, id, "expert %lld has %lld rows, routing gives %d", (long long)e, (long long)y->rows, r->counts[e]);
+    if (r->counts[e] && gpu_copy(x->rt->g, *out + (gpu_ptr)((size_t)r->offsets[e] * (size_t)H * es), y->p,
+                                 (size_t)r->counts[e] * (size_t)H * es) != 0)
+      return fail(x, id, "%s", gpu_error(x->rt->g));
+  }
+  return 0;
+}
+
+/* ---- GEMM ---- */
+static int gemm(gx *x, int id, int64_t m, int64_t n, int64_t k, int a, int ta, int b, int tb, int c) {
+  gpu_mat A = {DT(x, a), x->val[a].p, INCOLS(id, 0), 0, ta};
+  gpu_mat B = {DT(x, b), x->val[b].p, COLS(b), 0, tb};
+  gpu_mat C = {DT(x, c), x->val[c].p, COLS(c), 0, 0};
+  A.ld = COLS(a);
+  return gpu_gemm(x->rt->blas, m, n, k, 1.0f, &A, &B, 0.0f, &C, 1, x->err, x->errlen) ? fail(x, id, "%s", x->err) : 0;
+}
+
+/* ---- one exec function per op ---- */
+static int exec_INPUT(gx *x, int id) {
+  const char *name = ir_get_str(N(id), "name", "");
+  gpu_ptr p = strcmp(name, "tokens") == 0 ? x->tokens : strcmp(name, "labels") == 0 ? x->labels : 0;
+  if (!p) return fail(x, id, "unknown input '%s'", name);
+  x->val[id] = (dev_value){p, 0, N(id)->type.dims[0], N(id)->type.dims[0]};
+  return 0;
+}
+
+static int exec_PARAM(gx *x, int id) {
+  int i = x->param_index[id];
+  x->val[id] = (dev_value){x->rt->dp[i].w, 0, N(id)->type.dims[0], x->rt->ps->p[i].numel};
+  return 0;
+}
+
+static int exec_CAST(gx *x, int id) {
+  const dev_value *a = V(id, 0);
+  if (alloc_out(x, id, a->rows, 0)) return -1;
+  return ck(x, id, rt_cuda_cast(KX, DT(x, N(id)->in[0]), a->p, DT(x, id), x->val[id].p, a->numel));
+}
+
+static int exec_EMBEDDING(gx *x, int id) {
+  const dev_value *tab = V(id, 0), *tok = V(id, 1);
+  if (alloc_out(x, id, tok->rows, 0)) return -1;
+  return ck(x, id, rt_cuda_embedding_fwd(KX, DT(x, id), tab->p, tok->p, x->val[id].p, tok->rows, tab->rows, COLS(id)));
+}
+
+static int exec_RMSNORM(gx *x, int id) {
+  const dev_value *a = V(id, 0);
+  if (alloc_out(x, id, a->rows, 0)) return -1;
+  return ck(x, id, rt_cuda_rmsnorm_fwd(KX, DT(x, id), DT(x, N(id)->in[1]), a->p, V(id, 1)->p, x->val[id].p, a->rows,
+                                       COLS(id), (float)ir_get_float(N(id), "eps", 1e-5)));
+}
+
+static int exec_LINEAR(gx *x, int id) {
+  if (N(id)->n_in == 3) return fail(x, id, "linear with a bias is not on the GPU yet; use bias = false");
+  const dev_value *a = V(id, 0);
+  if (alloc_out(x, id, a->rows, 0)) return -1;
+  return gemm(x, id, a->rows, COLS(id), INCOLS(id, 0), N(id)->in[0], 0, N(id)->in[1], 0, id);
+}
+
+static int exec_ROPE(gx *x, int id) {
+  const dev_value *a = V(id, 0);
+  int64_t nh = ir_get_int(N(id), "heads", 1), hd = COLS(id) / nh, seq = ir_get_int(N(id), "seq", a->rows);
+  double theta = ir_get_float(N(id), "theta", 1e4);
+  if (alloc_out(x, id, a->rows, 0)) return -1;
+  int rc = ir_get_int(N(id), "inverse", 0) ? rt_cuda_rope_bwd(KX, DT(x, id), a->p, x->val[id].p, a->rows, nh, hd, seq, theta)
+                                           : rt_cuda_rope_fwd(KX, DT(x, id), a->p, x->val[id].p, a->rows, nh, hd, seq, theta);
+  return ck(x, id, rc);
+}
+
+static gpu_attn_dims attn_dims(gx *x, int id) {
+  gpu_attn_dims d;
+  d.seq = ir_get_int(N(id), "seq", 1);
+  d.B = V(id, 0)->rows / d.seq;
+  d.nh = ir_get_int(N(id), "heads", 1);
+  d.nkv = ir_get_int(N(id), "kv_heads", 1);
+  d.hd = INCOLS(id, 0) / d.nh;
+  d.causal = (int)ir_get_int(N(id), "causal", 1);
+  d.dt = DT(x, N(id)->in[0]);
+  return d;
+}
+
+static int exec_ATTENTION(gx *x, int id) {
+  gpu_attn_dims d = attn_dims(x, id);
+  if (alloc_out(x, id, V(id, 0)->rows, 0)) return -1;
+  if (gpu_attention_fwd(x->rt->attn, &d, V(id, 0)->p, V(id, 1)->p, V(id, 2)->p, x->val[id].p, x->err, x->errlen))
+    return fail(x, id, "%s", x->err);
+  return 0;
+}
+
+static int exec_TOPK(gx *x, int id) {
+  const dev_value *l = V(id, 0);
+  if (alloc_out(x, id, l->rows, 0)) return -1;
+  return ck(x, id, rt_cuda_topk(KX, l->p, x->val[id].p, l->rows, INCOLS(id, 0), COLS(id)));
+}
+
+static int exec_ROUTE_WEIGHTS(gx *x, int id) {
+  const dev_value *l = V(id, 0);
+  if (alloc_out(x, id, l->rows, 0)) return -1;
+  return ck(x, id, rt_cuda_route_weights_fwd(KX, l->p, V(id, 1)->p, x->val[id].p, l->rows, INCOLS(id, 0), COLS(id)));
+}
+
+static int exec_AUX_LOSS(gx *x, int id) {
+  const dev_value *l = V(id, 0);
+  if (alloc_out(x, id, 1, 0)) return -1;
+  return ck(x, id, rt_cuda_aux_loss_fwd(KX, l->p, V(id, 1)->p, x->val[id].p, l->rows, INCOLS(id, 0), INCOLS(id, 1),
+                                        (float)ir_get_float(N(id), "coef", 0)));
+}
+
+static int exec_Z_LOSS(gx *x, int id) {
+  const dev_value *l = V(id, 0);
+  if (alloc_out(x, id, 1, 0)) return -1;
+  return ck(x, id, rt_cuda_z_loss_fwd(KX, l->p, x->val[id].p, l->rows, INCOLS(id, 0), (float)ir_get_float(N(id), "coef", 0)));
+}
+
+static int exec_DISPATCH(gx *x, int id) {
+  routing *r = route_of(x, id, N(id)->in[1]);
+  if (!r) return -1;
+  int e = (int)ir_get_int(N(id), "expert", 0);
+  const dev_value *a = V(id, 0);
+  if (alloc_out(x, id, r->counts[e], 0)) return -1;
+  if (r->counts[e] == 0) return 0;
+  return ck(x, id, rt_cuda_dispatch_fwd(KX, DT(x, id), a->p, r->r.rows, r->r.offsets, e, x->val[id].p, a->rows,
+                                        r->counts[e], COLS(id)));
+}
+
+static int exec_COMBINE(gx *x, int id) {
+  routing *r = route_of(x, id, N(id)->in[0]);
+  if (!r) return -1;
+  gpu_ptr y;
+  size_t yb;
+  int64_t T = V(id, 0)->rows, k = INCOLS(id, 0);
+  if (stack_experts(x, id, r, 2, &y, &yb)) return -1;
+  int rc = alloc_out(x, id, T, 0);
+  if (rc == 0)
+    rc = ck(x, id, rt_cuda_combine_fwd(KX, DT(x, id), DT(x, N(id)->in[1]), r->r.pos, V(id, 1)->p, y, x->val[id].p, T, k,
+                                       COLS(id)));
+  pool_put(x->rt, y, yb);
+  return rc;
+}
+
+#define ELEMENTWISE_1(ID, CALL)                        \
+  static int exec_##ID(gx *x, int id) {                \
+    const dev_value *a = V(id, 0);                     \
+    if (alloc_out(x, id, a->rows, 0)) return -1;       \
+    return ck(x, id, CALL);                            \
+  }
+ELEMENTWISE_1(SILU, rt_cuda_silu_fwd(KX, DT(x, id), a->p, x->val[id].p, a->numel))
+ELEMENTWISE_1(MUL, rt_cuda_mul_fwd(KX, DT(x, id), a->p, V(id, 1)->p, x->val[id].p, a->numel))
+ELEMENTWISE_1(ADD, rt_cuda_add_fwd(KX, DT(x, id), a->p, V(id, 1)->p, x->val[id].p, a->numel))
+ELEMENTWISE_1(SILU_BWD, rt_cuda_silu_bwd(KX, DT(x, id), V(id, 1)->p, a->p, x->val[id].p, a->numel))
+
+static int exec_CROSS_ENTROPY(gx *x, int id) {
+  const dev_value *l = V(id, 0);
+  if (alloc_out(x, id, 1, 0)) return -1;
+  return ck(x, id, rt_cuda_cross_entropy_fwd(KX, DT(x, N(id)->in[0]), l->p, V(id, 1)->p, x->val[id].p, l->rows,
+                                             INCOLS(id, 0)));
+}
+
+static int exec_FILL(gx *x, int id) {
+  const ir_type *t = &N(id)->type;
+  if (alloc_out(x, id, t->rank ? t->dims[0] : 1, 0)) return -1;
+  return ck(x, id, rt_cuda_fill(KX, DT(x, id), x->val[id].p, x->val[id].numel, (float)ir_get_float(N(id), "value", 0)));
+}
+
+static int exec_MATMUL(gx *x, int id) {
+  int a = N(id)->in[0], b = N(id)->in[1];
+  int ta = (int)ir_get_int(N(id), "trans_a", 0), tb = (int)ir_get_int(N(id), "trans_b", 0);
+  int64_t ar = x->val[a].rows, ac = COLS(a), br = x->val[b].rows, bc = COLS(b);
+  int64_t m = ta ? ac : ar, k = ta ? ar : ac, n = tb ? br : bc;
+  if ((tb ? bc : br) != k) return fail(x, id, "inner sizes differ at run time");
+  if (alloc_out(x, id, m, k == 0)) return -1;
+  if (k == 0) return 0; /* an expert with no rows: its weight gradient is zero */
+  return gemm(x, id, m, n, k, a, ta, b, tb, id);
+}
+
+static int exec_COLSUM(gx *x, int id) {
+  const dev_value *a = V(id, 0);
+  if (alloc_out(x, id, COLS(id), 0)) return -1;
+  return ck(x, id, rt_cuda_colsum(KX, DT(x, N(id)->in[0]), a->p, x->val[id].p, a->rows, INCOLS(id, 0), 0));
+}
+
+static int exec_EMBEDDING_BWD(gx *x, int id) {
+  const dev_value *dy = V(id, 0), *tok = V(id, 1);
+  int64_t V_ = N(id)->type.dims[0];
+  if (alloc_out(x, id, V_, 1)) return -1;
+  return ck(x, id, rt_cuda_embedding_bwd(KX, DT(x, N(id)->in[0]), tok->p, dy->p, x->val[id].p, tok->rows, V_, COLS(id)));
+}
+
+static int exec_RMSNORM_BWD_X(gx *x, int id) {
+  const dev_value *dy = V(id, 0), *a = V(id, 1);
+  if (alloc_out(x, id, a->rows, 0)) return -1;
+  return ck(x, id, rt_cuda_rmsnorm_bwd(KX, DT(x, id), DT(x, N(id)->in[2]), a->p, V(id, 2)->p, dy->p, x->val[id].p, 0,
+                                       a->rows, COLS(id), (float)ir_get_float(N(id), "eps", 1e-5)));
+}
+
+static int exec_RMSNORM_BWD_W(gx *x, int id) {
+  const dev_value *dy = V(id, 0), *a = V(id, 1);
+  if (alloc_out(x, id, INCOLS(id, 1), 1)) return -1;
+  return ck(x, id, rt_cuda_rmsnorm_bwd(KX, DT(x, N(id)->in[1]), CG_DT_F32, a->p, 0, dy->p, 0, x->val[id].p, a->rows,
+                                       INCOLS(id, 1), (float)ir_get_float(N(id), "eps", 1e-5)));
+}
+
+static int exec_ATTENTION_BWD(gx *x, int id) {
+  gpu_attn_dims d = attn_dims(x, id);
+  if (alloc_out(x, id, V(id, 0)->rows, 0)) return -1;
+  if (gpu_attention_bwd(x->rt->attn, &d, V(id, 0)->p, V(id, 1)->p, V(id, 2)->p, V(id, 3)->p, V(id, 4)->p, x->val[id].p,
+                        x->err, x->errlen))
+    return fail(x, id, "%s", x->err);
+  return 0;
+}
+
+static int exec_SLICE_COLS(gx *x, int id) {
+  const dev_value *a = V(id, 0);
+  if (alloc_out(x, id, a->rows, 0)) return -1;
+  return ck(x, id, rt_cuda_slice_cols(KX, DT(x, id), a->p, x->val[id].p, a->rows, INCOLS(id, 0),
+                                      ir_get_int(N(id), "start", 0), COLS(id)));
+}
+
+static int exec_ROUTE_WEIGHTS_BWD(gx *x, int id) {
+  const dev_value *l = V(id, 1);
+  if (alloc_out(x, id, l->rows, 0)) return -1;
+  return ck(x, id, rt_cuda_route_weights_bwd(KX, l->p, V(id, 2)->p, V(id, 0)->p, x->val[id].p, l->rows, COLS(id),
+                                             INCOLS(id, 2)));
+}
+
+static int exec_AUX_LOSS_BWD(gx *x, int id) {
+  const dev_value *l = V(id, 1);
+  if (alloc_out(x, id, l->rows, 1)) return -1;
+  return ck(x, id, rt_cuda_aux_loss_bwd(KX, l->p, V(id, 2)->p, V(id, 0)->p, x->val[id].p, l->rows, COLS(id),
+                                        INCOLS(id, 2), (float)ir_get_float(N(id), "coef", 0)));
+}
+
+static int exec_Z_LOSS_BWD(gx *x, int id) {
+  const dev_value *l = V(id, 1);
+  if (alloc_out(x, id, l->rows, 1)) return -1;
+  return ck(x, id, rt_cuda_z_loss_bwd(KX, l->p, V(id, 0)->p, x->val[id].p, l->rows, COLS(id),
+                                      (float)ir_get_float(N(id), "coef", 0)));
+}
+
+static int exec_DISPATCH_BWD(gx *x, int id) {
+  routing *r = route_of(x, id, N(id)->in[1]);
+  if (!r) return -1;
+  int e = (int)ir_get_int(N(id), "expert", 0);
+  const dev_value *dxe = V(id, 0);
+  int64_t T = V(id, 1)->rows;
+  if (alloc_out(x, id, T, 1)) return -1;
+  if (r->counts[e] == 0) return 0;
+  return ck(x, id, rt_cuda_dispatch_bwd(KX, DT(x, id), dxe->p, r->r.rows, r->r.offsets, e, x->val[id].p, T, r->counts[e],
+                                        COLS(id)));
+}
+
+static int exec_COMBINE_BWD_Y(gx *x, int id) {
+  routing *r = route_of(x, id, N(id)->in[1]);
+  if (!r) return -1;
+  int dout = N(id)->in[0], e = (int)ir_get_int(N(id), "expert", 0);
+  int64_t T = V(id, 1)->rows, k = INCOLS(id, 1), H = COLS(id);
+  size_t es = dsize(N(id)->type.dtype);
+  if (r->dy_of != dout) { /* every expert's gradient at once, then one slice per op */
+    if (r->dy_bytes) pool_put(x->rt, r->dy_stacked, r->dy_bytes);
+    r->dy_bytes = (size_t)(T * k > 0 ? T * k : 1) * (size_t)H * es;
+    if (pool_get(x->rt, r->dy_bytes, &r->dy_stacked) != 0) {
+      r->dy_bytes = 0;
+      return fail(x, id, "%s", gpu_error(x->rt->g));
+    }
+    if (ck(x, id, rt_cuda_combine_bwd(KX, DT(x, dout), DT(x, N(id)->in[2]), r->r.pos, V(id, 2)->p, 0, V(id, 0)->p,
+                                      r->dy_stacked, 0, T, k, H)))
+      return -1;
+    r->dy_of = dout;
+  }
+  if (alloc_out(x, id, r->counts[e], 0)) return -1;
+  if (r->counts[e] == 0) return 0;
+  return gpu_copy(x->rt->g, x->val[id].p, r->dy_stacked + (gpu_ptr)((size_t)r->offsets[e] * (size_t)H * es),
+                  (size_t)r->counts[e] * (size_t)H * es)
+             ? fail(x, id, "%s", gpu_error(x->rt->g))
+             : 0;
+}
+
+static int exec_COMBINE_BWD_W(gx *x, int id) {
+  routing *r = route_of(x, id, N(id)->in[1]);
+  if (!r) return -1;
+  int64_t T = V(id, 1)->rows, k = INCOLS(id, 1), H = INCOLS(id, 0);
+  gpu_ptr y;
+  size_t yb;
+  if (stack_experts(x, id, r, 2, &y, &yb)) return -1;
+  int rc = alloc_out(x, id, T, 0);
+  /* the weights do not enter dw: pass the output gradient's own buffer shape through */
+  if (rc == 0)
+    rc = ck(x, id, rt_cuda_combine_bwd(KX, DT(x, N(id)->in[0]), CG_DT_F32, r->r.pos, x->val[id].p, y, V(id, 0)->p, 0,
+                                       x->val[id].p, T, k, H));
+  pool_put(x->rt, y, yb);
+  return rc;
+}
+
+static int exec_CROSS_ENTROPY_BWD(gx *x, int id) {
+  const dev_value *l = V(id, 1);
+  if (alloc_out(x, id, l->rows, 0)) return -1;
+  return ck(x, id, rt_cuda_cross_entropy_bwd(KX, DT(x, N(id)->in[1]), l->p, V(id, 2)->p, V(id, 0)->p, x->val[id].p,
+                                             l->rows, COLS(id)));
+}
+
+static int exec_GRAD_NORM(gx *x, int id) {
+  int n = N(id)->n_in;
+  gpu_ptr *bufs = malloc((size_t)n * sizeof *bufs);
+  int64_t *sizes = malloc((size_t)n * sizeof *sizes);
+  int rc = (!bufs || !sizes) ? fail(x, id, "out of host memory") : alloc_out(x, id, 1, 0);
+  for (int i = 0; rc == 0 && i < n; i++) {
+    bufs[i] = V(id, i)->p;
+    sizes[i] = V(id, i)->numel;
+  }
+  if (rc == 0) rc = ck(x, id, rt_cuda_grad_norm(KX, bufs, sizes, n, x->val[id].p));
+  if (rc == 0) x->gnorm = x->val[id].p;
+  free(bufs);
+  free(sizes);
+  return rc;
+}
+
+static int exec_ADAMW(gx *x, int id) {
+  const moec_config *c = &x->g->cfg;
+  int i = x->param_index[N(id)->in[0]];
+  dev_param *p = &x->rt->dp[i];
+  rt_cuda_adamw_hp hp = {ck_lr_at(x->step, c->steps, c->warmup, c->lr, c->min_lr, c->schedule), c->beta1, c->beta2,
+                         c->adam_eps, ir_get_float(N(id), "weight_decay", 0), x->step, c->clip};
+  x->val[id] = (dev_value){p->w, 0, N(id)->type.dims[0], x->rt->ps->p[i].numel};
+  return ck(x, id, rt_cuda_adamw_step(KX, p->w, V(id, 1)->p, p->m, p->v, x->rt->ps->p[i].numel, V(id, 2)->p, &hp));
+}
+
+/* The ops of the fusion passes (group-linear, grouped-mlp, mxfp8) have no GPU kernels yet:
+ * the grouped GEMM and the fused GroupedMLP are the next GPU issue. Until then `moec train
+ * --device cuda` runs the step without those passes (driver/moec.c), and a graph that has
+ * them stops here with a message. */
+#define NO_GPU_KERNEL(ID)                                                                             \
+  static int exec_##ID(gx *x, int id) {                                                               \
+    return fail(x, id, "no GPU kernel for this op yet; run without the fusion passes "                \
+                       "(--disable-pass=group-linear,grouped-mlp,mxfp8) or with --device cpu");        \
+  }
+NO_GPU_KERNEL(EXPERT_COUNTS) NO_GPU_KERNEL(EXPERT_SORT) NO_GPU_KERNEL(EXPERT_PERMUTE) NO_GPU_KERNEL(EXPERT_UNPERMUTE)
+NO_GPU_KERNEL(EXPERT_PROBS) NO_GPU_KERNEL(STACK) NO_GPU_KERNEL(GROUPED_LINEAR) NO_GPU_KERNEL(GROUPED_MLP)
+NO_GPU_KERNEL(PAD_COLS) NO_GPU_KERNEL(UNSTACK) NO_GPU_KERNEL(GROUPED_LINEAR_DGRAD) NO_GPU_KERNEL(GROUPED_LINEAR_WGRAD)
+NO_GPU_KERNEL(GROUPED_COLSUM) NO_GPU_KERNEL(GROUPED_MLP_BWD) NO_GPU_KERNEL(EXPERT_WEIGHT_GRAD)
+NO_GPU_KERNEL(EXPERT_PROBS_BWD) NO_GPU_KERNEL(MXFP8_QUANTIZE) NO_GPU_KERNEL(MXFP8_DEQUANTIZE)
+
+typedef int (*exec_fn)(gx *, int);
+static const exec_fn exec_table[] = {
+#define OP(id, name, min_in, max_in, cg) [OP_##id] = exec_##id,
+#include "ops.def"
+#undef OP
+};
+static_assert(sizeof exec_table / sizeof exec_table[0] == OP_COUNT, "one GPU exec function per op");
+
+gpu_exec *gpu_exec_new(gpu_runtime *rt, const ir_graph *g, char *err, size_t errlen) {
+  gx *x = calloc(1, sizeof *x);
+  if (!x) return NULL;
+  x->rt = rt;
+  x->g = g;
+  size_t n = (size_t)g->n_nodes + 1;
+  x->param_index = malloc(n * sizeof(int));
+  x->last_use = malloc(n * sizeof(int));
+  x->val = calloc(n, sizeof *x->val);
+  x->T = g->cfg.batch * g->cfg.seq;
+  if (!x->param_index || !x->last_use || !x->val) {
+    snprintf(err, errlen, "out of host memory");
+    gpu_exec_free(x);
+    return NULL;
+  }
+  for (int id = 0; id < g->n_nodes; id++) {
+    const ir_node *nd = &g->nodes[id];
+    x->param_index[id] = -1;
+    x->last_use[id] = id;
+    for (int j = 0; j < nd->n_in; j++) x->last_use[nd->in[j]] = id;
+    if (nd->op == OP_PARAM) {
+      const char *name = ir_get_str(nd, "name", "");
+      for (int i = 0; i < rt->ps->n; i++)
+        if (strcmp(rt->ps->p[i].name, name) == 0) x->param_index[id] = i;
+      if (x->param_index[id] < 0) {
+        snprintf(err, errlen, "parameter '%s' is not in the parameter store", name);
+        gpu_exec_free(x);
+        return NULL;
+      }
+    }
+  }
+  for (int i = 0; i < g->n_outputs; i++) x->last_use[g->outputs[i]] = g->n_nodes;
+  if (gpu_alloc(rt->g, &x->tokens, (size_t)x->T * 4, "the batch") || gpu_alloc(rt->g, &x->labels, (size_t)x->T * 4, "the batch")) {
+    snprintf(err, errlen, "%s", gpu_error(rt->g));
+    gpu_exec_free(x);
+    return NULL;
+  }
+  return x;
+}
+
+void gpu_exec_free(gpu_exec *x) {
+  if (!x) return;
+  if (x->val)
+    for (int i = 0; i < x->g->n_nodes; i++) release(x, &x->val[i]);
+  routes_release(x);
+  gpu_free(x->rt->g, x->tokens);
+  gpu_free(x->rt->g, x->labels);
+  free(x->param_index);
+  free(x->last_use);
+  free(x->val);
+  free(x);
+}
+
+void gpu_exec_keep_all(gpu_exec *x, int keep_all) { x->keep_all = keep_all; }
+
+int64_t gpu_exec_value(gpu_exec *x, int id, float *dst, int64_t cap) {
+  if (id < 0 || id >= x->g->n_nodes || !x->val[id].p) return 0;
+  const dev_value *v = &x->val[id];
+  int64_t n = v->numel < cap ? v->numel : cap;
+  ir_dtype t = x->g->nodes[id].type.dtype;
+  if (t == DT_F32) return gpu_download(x->rt->g, dst, v->p, (size_t)n * 4) ? 0 : n;
+  if (t != DT_BF16) return 0;
+  uint16_t *tmp = malloc((size_t)(n > 0 ? n : 1) * 2);
+  if (!tmp || gpu_download(x->rt->g, tmp, v->p, (size_t)n * 2)) {
+    free(tmp);
+    return 0;
+  }
+  for (int64_t i = 0; i < n; i++) dst[i] = ck_bf16_to_float(tmp[i]);
+  free(tmp);
+  return n;
+}
+
+int gpu_exec_run(gpu_exec *x, const int32_t *tokens, const int32_t *labels, int64_t step, float *outputs,
+                 double *grad_norm, char *err, size_t errlen) {
+  const ir_graph *g = x->g;
+  x->err = err;
+  x->errlen = errlen;
+  x->step = step;
+  x->gnorm = 0;
+  for (int i = 0; i < g->n_nodes; i++) release(x, &x->val[i]);
+  routes_release(x);
+  if (gpu_upload(x->rt->g, x->tokens, tokens, (size_t)x->T * 4) || gpu_upload(x->rt->g, x->labels, labels, (size_t)x->T * 4)) {
+    snprintf(err, errlen, "%s", gpu_error(x->rt->g));
+    return -1;
+  }
+  int rc = 0;
+  for (int id = 0; id < g->n_nodes && rc == 0; id++) {
+    rc = exec_table[g->nodes[id].op](x, id);
+    if (!x->keep_all)
+      for (int j = 0; j < g->nodes[id].n_in; j++) {
+        int v = g->nodes[id].in[j];
+        if (x->last_use[v] == id) release(x, &x->val[v]);
+      }
+  }
+  int ckc = CK_OK;
+  if (rc == 0 && rt_cuda_check(KX, &ckc) != 0) rc = -1, snprintf(err, errlen, "%s", rt_cuda_error(KX));
+  if (rc == 0 && ckc != CK_OK) rc = -1, snprintf(err, errlen, "a kernel found bad data: %s (token or label out of range?)", ck_strerror(ckc));
+  for (int i = 0; rc == 0 && i < g->n_outputs; i++)
+    if (gpu_download(x->rt->g, &outputs[i], x->val[g->outputs[i]].p, 4)) rc = -1, snprintf(err, errlen, "%s", gpu_error(x->rt->g));
+  if (rc == 0 && grad_norm) {
+    float gn = 0;
+    if (x->gnorm && gpu_download(x->rt->g, &gn, x->gnorm, 4)) rc = -1, snprintf(err, errlen, "%s", gpu_error(x->rt->g));
+    *grad_norm = gn;
+  }
+  if (!x->keep_all) {
+    for (int i = 0; i < g->n_nodes; i++) release(x, &x->val[i]);
+    routes_release(x);
+  }
+  return rc;
+}

@@ -1,0 +1,42 @@
+/* gpu_exec.h -- runs IR graphs on one NVIDIA GPU: the generated kernels (gpu_kernels.h),
+ * cuBLASLt GEMMs and attention, with the parameters' fp32 masters and AdamW moments resident
+ * on the device. The same interface as the CPU executor, op for op, so tests compare them.
+ *
+ * This first backend is correct rather than fast: each expert's GEMM is its own cuBLASLt call,
+ * which needs the routed row counts on the host (one synchronisation per layer), and buffers
+ * come from a size-class pool rather than a liveness plan. */
+#ifndef MOEC_GPU_EXEC_H
+#define MOEC_GPU_EXEC_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ir.h"
+#include "params.h"
+
+typedef struct gpu_runtime gpu_runtime;
+typedef struct gpu_exec gpu_exec;
+
+/* Opens GPU 0, loads NVRTC, cuBLASLt, and uploads the parameters. NULL with a message that
+ * says what is missing ("libcuda.so.1 not found (no NVIDIA driver); use --device cpu"). */
+gpu_runtime *gpu_runtime_new(rt_params *ps, const char *dump_dir, char *err, size_t errlen);
+void gpu_runtime_free(gpu_runtime *rt);
+/* Copies the device's weights and moments into ps (for checkpoints), or ps into the device. */
+int gpu_runtime_download(gpu_runtime *rt, rt_params *ps, char *err, size_t errlen);
+int gpu_runtime_upload(gpu_runtime *rt, const rt_params *ps, char *err, size_t errlen);
+/* "NVIDIA H200 (sm_90a)" */
+const char *gpu_runtime_device(const gpu_runtime *rt);
+/* Most device bytes held at once since start. */
+size_t gpu_runtime_peak_bytes(const gpu_runtime *rt);
+
+gpu_exec *gpu_exec_new(gpu_runtime *rt, const ir_graph *g, char *err, size_t errlen);
+void gpu_exec_free(gpu_exec *x);
+/* As cpu_exec_run. */
+int gpu_exec_run(gpu_exec *x, const int32_t *tokens, const int32_t *labels, int64_t step, float *outputs,
+                 double *grad_norm, char *err, size_t errlen);
+/* After a run with keep_all: a float value copied to the host (f32), for tests. Returns the
+ * number of elements written (0 if none). */
+void gpu_exec_keep_all(gpu_exec *x, int keep_all);
+int64_t gpu_exec_value(gpu_exec *x, int id, float *dst, int64_t cap);
+
+#endif

@@ -1,0 +1,374 @@
+/* train.c -- the training loop on the CPU reference executor: data windows in, AdamW steps
+ * out; validation in nats and bits per base; JSON Lines log; crash-safe checkpoints that
+ * resume bit-exactly (the batch of a step is a pure function of seed and step). */
+#include "train.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "ckpt.h"
+#include "cpu_exec.h"
+#include "cpu_kernels.h"
+#include "data.h"
+#include "gpu_exec.h"
+#include "gpu_loader.h"
+#include "memplan.h"
+#include "params.h"
+#include "pipeline.h"
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+int train_param_is_linear_weight(const ir_graph *g, int id) {
+  /* linear weights, directly or through a cast, and the expert weights group-linear stacks */
+  return pass_param_is_linear_weight(g, id);
+}
+
+/* ---- checkpoints: moec's [in, out] linear weights <-> Hugging Face's [out, in] ---- */
+typedef struct {
+  ckpt_param *cp; /* (n) */
+  int *transposed; /* (n) */
+  int n;
+} hf_view;
+
+static void transpose(const float *src, float *dst, int64_t rows, int64_t cols) {
+  for (int64_t r = 0; r < rows; r++)
+    for (int64_t c = 0; c < cols; c++) dst[c * rows + r] = src[r * cols + c];
+}
+
+static void hf_view_free(hf_view *v) {
+  for (int i = 0; v->cp && i < v->n; i++)
+    if (v->transposed[i]) {
+      free(v->cp[i].w);
+      free(v->cp[i].m);
+      free(v->cp[i].v);
+    }
+  free(v->cp);
+  free(v->transposed);
+}
+
+/* Views of the parameters in HF layout (copies for the transposed ones, filled when fill). */
+static int hf_view_make(const ir_graph *g, rt_params *ps, hf_view *v, int fill) {
+  v->n = ps->n;
+  v->cp = calloc((size_t)ps->n + 1, sizeof *v->cp);
+  v->transposed = calloc((size_t)ps->n + 1, sizeof *v->transposed);
+  if (!v->cp || !v->transposed) return -1;
+  int k = 0;
+  for (int id = 0; id < g->n_nodes; id++) {
+    if (g->nodes[id].op != OP_PARAM) continue;
+    rt_param *p = rt_params_find(ps, ir_get_str(&g->nodes[id], "name", ""));
+    if (!p || k >= ps->n) return -1;
+    ckpt_param *c = &v->cp[k];
+    c->name = p->name;
+    c->ndim = p->type.rank;
+    for (int d = 0; d < p->type.rank; d++) c->shape[d] = p->type.dims[d];
+    if (p->type.rank == 2 && train_param_is_linear_weight(g, id)) {
+      v->transposed[k] = 1;
+      c->shape[0] = p->type.dims[1];
+      c->shape[1] = p->type.dims[0];
+      size_t bytes = (size_t)p->numel * sizeof(float);
+      c->w = malloc(bytes), c->m = malloc(bytes), c->v = malloc(bytes);
+      if (!c->w || !c->m || !c->v) return -1;
+      if (fill) {
+        transpose(p->w, c->w, p->type.dims[0], p->type.dims[1]);
+        transpose(p->m, c->m, p->type.dims[0], p->type.dims[1]);
+        transpose(p->v, c->v, p->type.dims[0], p->type.dims[1]);
+      }
+    } else {
+      c->w = p->w, c->m = p->m, c->v = p->v;
+    }
+    k++;
+  }
+  return 0;
+}
+
+/* Copies loaded HF-layout values back into the [in, out] master weights. */
+static void hf_view_store(const hf_view *v, rt_params *ps) {
+  for (int i = 0; i < v->n; i++) {
+    if (!v->transposed[i]) continue;
+    rt_param *p = rt_params_find(ps, v->cp[i].name);
+    transpose(v->cp[i].w, p->w, v->cp[i].shape[0], v->cp[i].shape[1]);
+    transpose(v->cp[i].m, p->m, v->cp[i].shape[0], v->cp[i].shape[1]);
+    transpose(v->cp[i].v, p->v, v->cp[i].shape[0], v->cp[i].shape[1]);
+  }
+}
+
+static ckpt_contents contents(const ir_graph *g, const hf_view *v) {
+  ckpt_contents c;
+  memset(&c, 0, sizeof c);
+  c.config = &g->cfg;
+  c.bos_id = DATA_BOS, c.eos_id = DATA_EOS, c.pad_id = DATA_PAD;
+  c.params = v->cp;
+  c.n_params = (size_t)v->n;
+  return c;
+}
+
+static int save_checkpoint(const ir_graph *g, rt_params *ps, const char *dir, double loss) {
+  hf_view v;
+  char err[1024] = "";
+  int rc = hf_view_make(g, ps, &v, 1);
+  if (rc) snprintf(err, sizeof err, "out of host memory");
+  if (rc == 0) {
+    ckpt_contents c = contents(g, &v);
+    ckpt_kv kv[] = {{"data_position", CKPT_INT, ps->step, 0, NULL}, {"loss", CKPT_F64, 0, isfinite(loss) ? loss : 0, NULL}};
+    c.state = kv;
+    c.n_state = 2;
+    rc = ckpt_save(dir, ps->step, &c, err, sizeof err);
+  }
+  hf_view_free(&v);
+  if (rc) fprintf(stderr, "moec: error: --ckpt-dir %s: checkpoint of step %lld not written: %s\n", dir, (long long)ps->step, err);
+  else if (err[0]) fprintf(stderr, "moec: warning: %s\n", err);
+  return rc;
+}
+
+static int load_checkpoint(const ir_graph *g, rt_params *ps, const char *dir) {
+  char path[4096], err[1024] = "";
+  int64_t step = 0;
+  int found = ckpt_latest_err(dir, path, sizeof path, &step, err, sizeof err);
+  if (found <= 0) {
+    if (found == 0)
+      fprintf(stderr, "moec: error: --resume: no checkpoint in '%s' (no '%s/latest'); run without --resume to start fresh\n", dir, dir);
+    else
+      fprintf(stderr, "moec: error: --resume: %s\n", err);
+    return -1;
+  }
+  hf_view v;
+  int rc = hf_view_make(g, ps, &v, 0);
+  ckpt_state st;
+  memset(&st, 0, sizeof st);
+  if (rc == 0) {
+    ckpt_contents c = contents(g, &v);
+    rc = ckpt_load(path, &c, &st, err, sizeof err);
+    if (rc) fprintf(stderr, "moec: error: --resume: %s\n", err);
+  } else {
+    fprintf(stderr, "moec: error: out of host memory while resuming\n");
+  }
+  if (rc == 0) {
+    hf_view_store(&v, ps);
+    ps->step = st.step;
+    ckpt_state_free(&st);
+  }
+  hf_view_free(&v);
+  return rc;
+}
+
+/* ---- the executors: the CPU reference, or one GPU ---- */
+typedef struct {
+  cpu_exec *cpu_step, *cpu_fwd;
+  gpu_runtime *rt;
+  gpu_exec *gpu_step, *gpu_fwd;
+} executors;
+
+static int exec_run(executors *e, int fwd, const int32_t *tok, const int32_t *lab, int64_t step, float *out,
+                    double *gnorm, char *err, size_t errlen) {
+  if (e->rt) return gpu_exec_run(fwd ? e->gpu_fwd : e->gpu_step, tok, lab, step, out, gnorm, err, errlen);
+  return cpu_exec_run(fwd ? e->cpu_fwd : e->cpu_step, tok, lab, step, out, gnorm, err, errlen);
+}
+
+static void executors_free(executors *e) {
+  cpu_exec_free(e->cpu_step);
+  cpu_exec_free(e->cpu_fwd);
+  gpu_exec_free(e->gpu_step);
+  gpu_exec_free(e->gpu_fwd);
+  gpu_runtime_free(e->rt);
+}
+
+/* ---- data ---- */
+/* The file's data path is already absolute (the front end resolves it against the .moe file
+ * that names it); --data is taken as given, relative to the working directory. */
+static const char *data_path(const train_opts *o, const ir_graph *g) { return o->data ? o->data : g->cfg.data; }
+
+static void load_progress(void *ctx, int64_t done, int64_t total) {
+  const int *tty = ctx;
+  if (*tty && total > 0) fprintf(stderr, "\rloading data: %3d%%", (int)(100.0 * (double)done / (double)total));
+}
+
+/* Mean cross-entropy (nats per base) over validation batches. */
+static int validate(executors *ex, const ir_graph *fwd, const data_set *d, int64_t batches, int32_t *tok, int32_t *lab,
+                    double *nats) {
+  int64_t B = fwd->cfg.batch, nval = data_n_windows(d, DATA_VAL);
+  if (nval == 0) return 1;
+  if (batches * B > nval) batches = (nval + B - 1) / B;
+  double sum = 0;
+  char err[1024];
+  float out[8];
+  for (int64_t b = 0; b < batches; b++) {
+    data_val_batch(d, b * B, B, tok, lab);
+    if (exec_run(ex, 1, tok, lab, 0, out, NULL, err, sizeof err)) {
+      fprintf(stderr, "\n%s\n", err);
+      return -1;
+    }
+    sum += out[fwd->n_outputs > 1 ? 1 : 0];
+  }
+  *nats = sum / (double)batches;
+  return 0;
+}
+
+static void fmt_eta(double s, char *buf, size_t n) {
+  if (!isfinite(s) || s < 0) s = 0;
+  long t = (long)(s + 0.5);
+  snprintf(buf, n, "%ld:%02ld:%02ld", t / 3600, (t / 60) % 60, t % 60);
+}
+
+int moec_train(const ir_graph *fwd, const ir_graph *step_g, const train_opts *o) {
+  const moec_config *cfg = &step_g->cfg;
+  char err[2048] = "";
+  const char *path = data_path(o, step_g);
+  int tty = o->progress;
+  data_opts dopt = {cfg->seq, cfg->stride, cfg->val_fraction, 0, cfg->rc_augment, (uint64_t)cfg->seed};
+  double t_load = now_s();
+  data_set *d = data_open_cb(path, &dopt, load_progress, &tty, err, sizeof err);
+  if (tty) fputs("\r", stderr);
+  if (!d) {
+    fprintf(stderr, "%s\n", err);
+    return 1;
+  }
+  if (data_n_windows(d, DATA_TRAIN) == 0) {
+    fprintf(stderr, "%s: error: no training window of seq %lld fits in the data; use a smaller seq (--set seq=N)\n", path,
+            (long long)cfg->seq);
+    data_close(d);
+    return 1;
+  }
+  fprintf(stderr, "data: %s: %lld records, %lld train / %lld val bases, %lld train windows of %lld (%.1fs)\n", path,
+          (long long)data_n_records(d), (long long)data_n_bases(d, DATA_TRAIN), (long long)data_n_bases(d, DATA_VAL),
+          (long long)data_n_windows(d, DATA_TRAIN), (long long)cfg->seq, now_s() - t_load);
+
+  int rc = 1;
+  int64_t B = cfg->batch, S = cfg->seq, T = B * S;
+  rt_params *ps = rt_params_new(step_g, (uint64_t)cfg->seed);
+  executors ex;
+  memset(&ex, 0, sizeof ex);
+  FILE *logf = NULL;
+  int32_t *tok = malloc((size_t)T * sizeof *tok), *lab = malloc((size_t)T * sizeof *lab);
+  if (!ps || !tok || !lab) {
+    fprintf(stderr, "moec: error: out of host memory for the parameters and the batch\n");
+    goto done;
+  }
+  if (o->resume) {
+    if (!o->ckpt_dir) {
+      fprintf(stderr, "moec: error: --resume needs --ckpt-dir DIR (where the checkpoints are)\n");
+      goto done;
+    }
+    if (load_checkpoint(step_g, ps, o->ckpt_dir)) goto done;
+    fprintf(stderr, "resumed from %s at step %lld\n", o->ckpt_dir, (long long)ps->step);
+  }
+  if (o->cuda) {
+    if (!(ex.rt = gpu_runtime_new(ps, o->dump_dir, err, sizeof err))) {
+      fprintf(stderr, "moec: error: --device cuda: %s\n", err);
+      goto done;
+    }
+    if (!(ex.gpu_step = gpu_exec_new(ex.rt, step_g, err, sizeof err)) || !(ex.gpu_fwd = gpu_exec_new(ex.rt, fwd, err, sizeof err))) {
+      fprintf(stderr, "moec: error: --device cuda: %s\n", err);
+      goto done;
+    }
+  } else if (!(ex.cpu_step = cpu_exec_new(step_g, ps, err, sizeof err)) || !(ex.cpu_fwd = cpu_exec_new(fwd, ps, err, sizeof err))) {
+    fprintf(stderr, "moec: internal error: %s\n", err);
+    goto done;
+  }
+  if (o->log_path && !(logf = fopen(o->log_path, o->resume ? "a" : "w"))) {
+    fprintf(stderr, "moec: error: --log %s: cannot open for writing: %s\n", o->log_path, strerror(errno));
+    goto done;
+  }
+  int64_t end = cfg->steps;
+  if (o->stop_at >= 0 && o->stop_at < end) end = o->stop_at;
+  if (end <= ps->step) {
+    /* nothing to train (--stop-at 0, or resumed at the end): write the weights as they are */
+    fprintf(stderr, "no steps to run (at step %lld, stopping at %lld)\n", (long long)ps->step, (long long)end);
+    rc = o->ckpt_dir ? save_checkpoint(step_g, ps, o->ckpt_dir, NAN) != 0 : 0;
+    goto done;
+  }
+  int64_t val_batches = o->val_batches > 0 ? o->val_batches : 8;
+  int64_t print_every = (end - ps->step) / 20 > 0 ? (end - ps->step) / 20 : 1;
+  fprintf(stderr, "training %s on %s: %lld parameters, %lld tokens per step, steps %lld..%lld of %lld\n",
+          step_g->model_name, ex.rt ? gpu_runtime_device(ex.rt) : "the CPU", (long long)rt_params_numel(ps), (long long)T, (long long)ps->step + 1, (long long)end,
+          (long long)cfg->steps);
+  double t0 = now_s(), loss = NAN, val = NAN;
+  int64_t first = ps->step;
+  rc = 0;
+  while (ps->step < end) {
+    int64_t s = ps->step + 1;
+    double ts = now_s(), gnorm = 0;
+    float out[8];
+    data_train_batch(d, s - 1, B, tok, lab);
+    if (exec_run(&ex, 0, tok, lab, s, out, &gnorm, err, sizeof err)) {
+      fprintf(stderr, "\n%s\n", err);
+      rc = 1;
+      break;
+    }
+    ps->step = s;
+    loss = out[0];
+    double dt = now_s() - ts, lr = ck_lr_at(s, cfg->steps, cfg->warmup, cfg->lr, cfg->min_lr, cfg->schedule);
+    double tps = (double)T / dt, eta = (now_s() - t0) / (double)(s - first) * (double)(end - s);
+    if (!isfinite(loss)) {
+      fprintf(stderr, "\nmoec: error: step %lld: the loss is %f; lower the learning rate (--set lr=...) or raise warmup\n",
+              (long long)s, loss);
+      rc = 1;
+      break;
+    }
+    if (logf)
+      fprintf(logf, "{\"step\":%lld,\"loss\":%.6f,\"ce\":%.6f,\"lr\":%.6g,\"grad_norm\":%.6g,\"tokens_per_s\":%.1f}\n",
+              (long long)s, loss, (double)out[step_g->n_outputs > 1 ? 1 : 0], lr, gnorm, tps);
+    char etab[32];
+    fmt_eta(eta, etab, sizeof etab);
+    if (tty) {
+      int width = 24, fill = (int)((double)width * (double)s / (double)end);
+      fprintf(stderr, "\r[%.*s%.*s] step %lld/%lld loss %.4f %.0f tok/s ETA %s ", fill,
+              "########################", width - fill, "------------------------", (long long)s, (long long)end, loss,
+              tps, etab);
+    } else if (s % print_every == 0 || s == end) {
+      fprintf(stderr, "step %lld/%lld loss %.4f lr %.3g grad_norm %.3f %.0f tok/s ETA %s\n", (long long)s, (long long)end,
+              loss, lr, gnorm, tps, etab);
+    }
+    int last = s == end;
+    if ((cfg->val_every > 0 && s % cfg->val_every == 0) || last) {
+      int vr = validate(&ex, fwd, d, val_batches, tok, lab, &val);
+      if (vr < 0) {
+        rc = 1;
+        break;
+      }
+      if (vr == 0) {
+        fprintf(stderr, "%sstep %lld: val_loss %.4f nats/base (%.4f bits/base)\n", tty ? "\n" : "", (long long)s, val,
+                val / M_LN2);
+        if (logf) fprintf(logf, "{\"step\":%lld,\"val_loss\":%.6f,\"val_bits\":%.6f}\n", (long long)s, val, val / M_LN2);
+      }
+    }
+    if (logf) fflush(logf);
+    if (o->ckpt_dir && ((o->ckpt_every > 0 && s % o->ckpt_every == 0) || last))
+      if ((ex.rt && gpu_runtime_download(ex.rt, ps, err, sizeof err) != 0 &&
+           fprintf(stderr, "moec: error: %s\n", err) > 0) ||
+          save_checkpoint(step_g, ps, o->ckpt_dir, loss)) {
+        rc = 1;
+        break;
+      }
+  }
+  if (tty) fputs("\n", stderr);
+  if (rc == 0)
+    fprintf(stderr, "done: step %lld, loss %.4f, val_loss %.4f nats/base, %.1fs\n", (long long)ps->step, loss, val,
+            now_s() - t0);
+  if (rc == 0 && ex.rt) {
+    char b[32];
+    memplan mp;
+    memplan_estimate(step_g, &mp);
+    char pb[32];
+    fprintf(stderr, "peak GPU memory: %s (predicted from liveness: %s)\n", gpu_fmt_bytes(gpu_runtime_peak_bytes(ex.rt), b, sizeof b),
+            gpu_fmt_bytes((size_t)mp.total, pb, sizeof pb));
+  }
+done:
+  if (logf && fclose(logf) != 0) {
+    fprintf(stderr, "moec: error: --log %s: write failed: %s\n", o->log_path, strerror(errno));
+    rc = 1;
+  }
+  executors_free(&ex);
+  rt_params_free(ps);
+  free(tok);
+  free(lab);
+  data_close(d);
+  return rc;
+}

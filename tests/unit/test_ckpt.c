@@ -1,0 +1,727 @@
+/* test_ckpt.c -- checkpoint directories: config.json content, save/load round trip, keep-K,
+ * validation errors, read-only and full-disk failures, stale temporaries, and the crash-safety
+ * property (SIGKILL a saving child at random moments; latest must always load and match). */
+#include "runtime/ckpt.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+static int failures;
+#define CHECK(cond)                                                                                \
+  do {                                                                                             \
+    if (!(cond)) {                                                                                 \
+      fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond);                     \
+      failures++;                                                                                  \
+    }                                                                                              \
+  } while (0)
+#define CHECK_ERR(err, sub)                                                                        \
+  do {                                                                                             \
+    if (!strstr((err), (sub))) {                                                                   \
+      fprintf(stderr, "%s:%d: error message \"%s\" lacks \"%s\"\n", __FILE__, __LINE__, (err),   \
+              (sub));                                                                              \
+      failures++;                                                                                  \
+    }                                                                                              \
+  } while (0)
+
+static char root[256];
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static uint64_t rng_state = 12345;
+static uint64_t rng(void) {
+  uint64_t z = (rng_state += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+static moec_config tiny_config(void) {
+  moec_config c;
+  memset(&c, 0, sizeof c);
+  c.vocab = 256, c.hidden = 128, c.layers = 2, c.seq = 256, c.heads = 4, c.kv_heads = 4;
+  c.experts = 4, c.top_k = 2, c.ffn = 256;
+  c.norm_eps = 1e-5, c.rope_theta = 5e5, c.aux_loss = 1e-3, c.z_loss = 1e-3;
+  c.seed = 1234;
+  return c;
+}
+
+/* ---------------------------------------------------------------- a model's parameters */
+
+typedef struct {
+  ckpt_param p[8];
+  size_t n;
+  float *mem;
+} model;
+
+static int64_t numel(const ckpt_param *p) {
+  int64_t n = 1;
+  for (int i = 0; i < p->ndim; i++) n *= p->shape[i];
+  return n;
+}
+
+/* scale 1 gives ~64k floats per tensor; the crash test uses a larger scale */
+static void model_init(model *m, int scale) {
+  static const char *names[] = {
+      "model.embed_tokens.weight",
+      "model.layers.0.self_attn.q_proj.weight",
+      "model.layers.0.block_sparse_moe.gate.weight",
+      "model.layers.0.block_sparse_moe.experts.0.w1.weight",
+      "model.layers.0.block_sparse_moe.experts.0.w2.weight",
+      "model.norm.weight",
+      "lm_head.weight",
+      "frozen.scalar",
+  };
+  int64_t shapes[8][2] = {{256, 128 * scale}, {128 * scale, 128 * scale}, {4, 128 * scale},
+                          {256, 128 * scale}, {128 * scale, 256},         {128 * scale, 0},
+                          {256, 128 * scale}, {0, 0}};
+  int ndims[8] = {2, 2, 2, 2, 2, 1, 2, 0};
+  size_t total = 0;
+  memset(m, 0, sizeof *m);
+  m->n = 8;
+  for (size_t i = 0; i < m->n; i++) {
+    m->p[i].name = names[i];
+    m->p[i].ndim = ndims[i];
+    m->p[i].shape[0] = shapes[i][0];
+    m->p[i].shape[1] = shapes[i][1];
+    total += (size_t)numel(&m->p[i]) * (i == 7 ? 1 : 3);
+  }
+  m->mem = malloc(total * sizeof(float));
+  float *at = m->mem;
+  for (size_t i = 0; i < m->n; i++) {
+    size_t k = (size_t)numel(&m->p[i]);
+    m->p[i].w = at, at += k;
+    if (i != 7) { /* the last one has no optimizer state */
+      m->p[i].m = at, at += k;
+      m->p[i].v = at, at += k;
+    }
+  }
+}
+
+static float val(int64_t step, size_t param, int which, size_t i) {
+  return (float)(step * 7 + (int64_t)param * 3 + which) + (float)(i % 1021) * 0.25f;
+}
+
+static void model_fill(model *m, int64_t step) {
+  for (size_t p = 0; p < m->n; p++)
+    for (size_t i = 0; i < (size_t)numel(&m->p[p]); i++) {
+      m->p[p].w[i] = val(step, p, 0, i);
+      if (m->p[p].m) m->p[p].m[i] = val(step, p, 1, i), m->p[p].v[i] = val(step, p, 2, i);
+    }
+}
+
+/* number of mismatching elements against model_fill(step) */
+static long model_diff(const model *m, int64_t step) {
+  long bad = 0;
+  for (size_t p = 0; p < m->n; p++)
+    for (size_t i = 0; i < (size_t)numel(&m->p[p]); i++) {
+      bad += m->p[p].w[i] != val(step, p, 0, i);
+      if (m->p[p].m) bad += m->p[p].m[i] != val(step, p, 1, i) || m->p[p].v[i] != val(step, p, 2, i);
+    }
+  return bad;
+}
+
+static ckpt_contents contents(const model *m, const moec_config *cfg, const ckpt_kv *kv, size_t nkv) {
+  ckpt_contents c = {.config = cfg, .bos_id = 2, .eos_id = 3, .pad_id = 1, .params = m->p,
+                     .n_params = m->n, .state = kv, .n_state = nkv};
+  return c;
+}
+
+static int count_prefix(const char *dir, const char *prefix) {
+  DIR *d = opendir(dir);
+  int n = 0;
+  struct dirent *e;
+  while (d && (e = readdir(d)))
+    if (!strncmp(e->d_name, prefix, strlen(prefix))) n++;
+  if (d) closedir(d);
+  return n;
+}
+
+static char *slurp(const char *path) {
+  FILE *fp = fopen(path, "rb");
+  if (!fp) return NULL;
+  static char buf[8192];
+  size_t n = fread(buf, 1, sizeof buf - 1, fp);
+  buf[n] = 0;
+  fclose(fp);
+  return buf;
+}
+
+/* ---------------------------------------------------------------- config.json */
+
+static void test_config_json(void) {
+  moec_config c = tiny_config();
+  char *js = NULL, err[512];
+  CHECK(ckpt_hf_config_json(&c, 2, 3, 1, &js, err, sizeof err) == 0);
+  static const char want[] =
+      "{\n"
+      "  \"architectures\": [\"MixtralForCausalLM\"],\n"
+      "  \"attention_dropout\": 0.0,\n"
+      "  \"bos_token_id\": 2,\n"
+      "  \"eos_token_id\": 3,\n"
+      "  \"head_dim\": 32,\n"
+      "  \"hidden_act\": \"silu\",\n"
+      "  \"hidden_size\": 128,\n"
+      "  \"initializer_range\": 0.02,\n"
+      "  \"intermediate_size\": 256,\n"
+      "  \"max_position_embeddings\": 256,\n"
+      "  \"model_type\": \"mixtral\",\n"
+      "  \"num_attention_heads\": 4,\n"
+      "  \"num_experts_per_tok\": 2,\n"
+      "  \"num_hidden_layers\": 2,\n"
+      "  \"num_key_value_heads\": 4,\n"
+      "  \"num_local_experts\": 4,\n"
+      "  \"output_router_logits\": false,\n"
+      "  \"pad_token_id\": 1,\n"
+      "  \"rms_norm_eps\": 1.0000000000000001e-05,\n"
+      "  \"rope_theta\": 500000.0,\n"
+      "  \"router_aux_loss_coef\": 0.001,\n"
+      "  \"router_jitter_noise\": 0.0,\n"
+      "  \"sliding_window\": null,\n"
+      "  \"tie_word_embeddings\": false,\n"
+      "  \"torch_dtype\": \"float32\",\n"
+      "  \"use_cache\": true,\n"
+      "  \"vocab_size\": 256\n"
+      "}\n";
+  CHECK(js && !strcmp(js, want));
+  if (js && strcmp(js, want)) fprintf(stderr, "config.json was:\n%s", js);
+  /* it parses, and the floats come back bit for bit */
+  st_json *j = js ? st_json_parse(js, strlen(js), err, sizeof err) : NULL;
+  CHECK(j != NULL);
+  if (j) {
+    CHECK(st_json_get(j, "rms_norm_eps")->d == 1e-5);
+    CHECK(st_json_get(j, "rope_theta")->d == 5e5);
+    CHECK(st_json_get(j, "router_aux_loss_coef")->d == 1e-3);
+    st_json_free(j);
+  }
+  free(js);
+  /* genos-like: GQA, explicit head_dim, odd floats; token ids may be null */
+  c.hidden = 1024, c.heads = 16, c.kv_heads = 8, c.head_dim = 64, c.rope_theta = 5e7;
+  c.norm_eps = 1.0 / 3.0, c.aux_loss = 0.0;
+  CHECK(ckpt_hf_config_json(&c, -1, 0, -1, &js, err, sizeof err) == 0);
+  CHECK(js && strstr(js, "\"bos_token_id\": null,") && strstr(js, "\"eos_token_id\": 0,"));
+  CHECK(js && strstr(js, "\"num_key_value_heads\": 8,") && strstr(js, "\"head_dim\": 64,"));
+  CHECK(js && strstr(js, "\"rms_norm_eps\": 0.33333333333333331,"));
+  CHECK(js && strstr(js, "\"rope_theta\": 50000000.0,") && strstr(js, "\"router_aux_loss_coef\": 0.0,"));
+  j = js ? st_json_parse(js, strlen(js), err, sizeof err) : NULL;
+  CHECK(j && st_json_get(j, "rms_norm_eps")->d == 1.0 / 3.0);
+  st_json_free(j);
+  free(js);
+  /* errors */
+  c = tiny_config();
+  c.hidden = 0;
+  CHECK(ckpt_hf_config_json(&c, 1, 2, 3, &js, err, sizeof err) == -1 && js == NULL);
+  CHECK_ERR(err, "model size 'hidden' is 0");
+  c = tiny_config();
+  c.kv_heads = 3;
+  CHECK(ckpt_hf_config_json(&c, 1, 2, 3, &js, err, sizeof err) == -1);
+  CHECK_ERR(err, "inconsistent sizes");
+  c = tiny_config();
+  c.norm_eps = NAN;
+  CHECK(ckpt_hf_config_json(&c, 1, 2, 3, &js, err, sizeof err) == -1);
+  CHECK_ERR(err, "must be finite");
+}
+
+/* ---------------------------------------------------------------- round trip, layout, keep */
+
+static void test_roundtrip(void) {
+  char dir[512], err[1024], path[600];
+  snprintf(dir, sizeof dir, "%s/run1/ckpt", root); /* parents created */
+  moec_config cfg = tiny_config();
+  model m, back;
+  model_init(&m, 1);
+  model_init(&back, 1);
+  ckpt_kv kv[] = {{.key = "data_pos", .kind = CKPT_INT, .i = 0},
+                  {.key = "loss", .kind = CKPT_F64, .d = 1.25},
+                  {.key = "data", .kind = CKPT_STR, .s = "chr20.fa.gz \"x\""}};
+  ckpt_contents c = contents(&m, &cfg, kv, 3);
+  int64_t s;
+  CHECK(ckpt_latest(dir, path, sizeof path, &s) == 0);
+  CHECK(ckpt_latest_err(dir, path, sizeof path, &s, err, sizeof err) == 0);
+  CHECK_ERR(err, "no such checkpoint directory");
+  for (int64_t step = 1; step <= 5; step++) {
+    model_fill(&m, step);
+    kv[0].i = step * 100;
+    CHECK(ckpt_save(dir, step, &c, err, sizeof err) == 0);
+    if (err[0]) fprintf(stderr, "save: %s\n", err);
+  }
+  /* layout */
+  char f[700];
+  snprintf(f, sizeof f, "%s/latest", dir);
+  CHECK(!strcmp(slurp(f) ? slurp(f) : "", "step-00000005\n"));
+  CHECK(count_prefix(dir, "step-") == 2 && count_prefix(dir, ".") == 2); /* . and .. only */
+  static const char *files[] = {"model.safetensors", "optimizer.safetensors", "config.json",
+                                "state.json"};
+  for (int i = 0; i < 4; i++) {
+    snprintf(f, sizeof f, "%s/step-00000005/%s", dir, files[i]);
+    CHECK(access(f, R_OK) == 0);
+  }
+  snprintf(f, sizeof f, "%s/step-00000004", dir);
+  CHECK(access(f, F_OK) == 0);
+  snprintf(f, sizeof f, "%s/step-00000003", dir);
+  CHECK(access(f, F_OK) != 0);
+  /* model.safetensors: HF names, f32, format pt; optimizer names */
+  snprintf(f, sizeof f, "%s/step-00000005/model.safetensors", dir);
+  st_file *sf = st_open(f, err, sizeof err);
+  CHECK(sf && st_count(sf) == 8 && !strcmp(st_meta(sf, "format"), "pt"));
+  const st_view *v = sf ? st_find(sf, "lm_head.weight") : NULL;
+  CHECK(v && v->dtype == ST_F32 && v->shape[0] == 256 && v->shape[1] == 128);
+  st_close(sf);
+  snprintf(f, sizeof f, "%s/step-00000005/optimizer.safetensors", dir);
+  sf = st_open(f, err, sizeof err);
+  CHECK(sf && st_count(sf) == 14 && st_find(sf, "model.norm.weight.exp_avg_sq") &&
+        st_find(sf, "model.norm.weight.exp_avg") && !st_find(sf, "frozen.scalar.exp_avg"));
+  st_close(sf);
+  snprintf(f, sizeof f, "%s/step-00000005/state.json", dir);
+  char *stj = slurp(f);
+  CHECK(stj && strstr(stj, "\"step\": 5,") && strstr(stj, "\"seed\": 1234,") &&
+        strstr(stj, "\"moec_version\": \"") && strstr(stj, "\"data_pos\": 500"));
+
+  /* load */
+  CHECK(ckpt_latest(dir, path, sizeof path, &s) == 1 && s == 5);
+  CHECK(strstr(path, "/run1/ckpt/step-00000005") != NULL);
+  ckpt_contents lc = contents(&back, &cfg, NULL, 0);
+  ckpt_state st;
+  CHECK(ckpt_load(path, &lc, &st, err, sizeof err) == 0);
+  if (err[0] && failures) fprintf(stderr, "load: %s\n", err);
+  CHECK(model_diff(&back, 5) == 0);
+  int64_t dp;
+  double loss;
+  CHECK(st.step == 5 && st.seed == 1234 && !strcmp(st.moec_version, MOEC_VERSION));
+  CHECK(ckpt_state_i64(&st, "data_pos", &dp) == 0 && dp == 500);
+  CHECK(ckpt_state_f64(&st, "loss", &loss) == 0 && loss == 1.25);
+  CHECK(ckpt_state_str(&st, "data") && !strcmp(ckpt_state_str(&st, "data"), "chr20.fa.gz \"x\""));
+  CHECK(ckpt_state_i64(&st, "loss", &dp) == -1 && ckpt_state_str(&st, "nope") == NULL);
+  ckpt_state_free(&st);
+  /* the older one loads too */
+  snprintf(f, sizeof f, "%s/step-00000004", dir);
+  CHECK(ckpt_load(f, &lc, NULL, err, sizeof err) == 0 && model_diff(&back, 4) == 0);
+
+  /* re-saving an existing step replaces it atomically */
+  model_fill(&m, 77);
+  CHECK(ckpt_save(dir, 5, &c, err, sizeof err) == 0);
+  CHECK(ckpt_load(path, &lc, NULL, err, sizeof err) == 0 && model_diff(&back, 77) == 0);
+  CHECK(count_prefix(dir, ".tmp-") == 0 && count_prefix(dir, "step-") == 2);
+
+  /* keep = 3 */
+  c.keep = 3;
+  for (int64_t step = 6; step <= 9; step++) {
+    model_fill(&m, step);
+    CHECK(ckpt_save(dir, step, &c, err, sizeof err) == 0);
+  }
+  CHECK(count_prefix(dir, "step-0000000") == 3);
+  snprintf(f, sizeof f, "%s/step-00000007", dir);
+  CHECK(access(f, F_OK) == 0);
+  /* steps >= 1e8 keep working (more digits) */
+  c.keep = 1;
+  CHECK(ckpt_save(dir, 123456789012LL, &c, err, sizeof err) == 0);
+  CHECK(ckpt_latest(dir, path, sizeof path, &s) == 1 && s == 123456789012LL);
+  CHECK(count_prefix(dir, "step-") == 1);
+  CHECK(ckpt_load(path, &lc, NULL, err, sizeof err) == 0 && model_diff(&back, 9) == 0);
+  free(m.mem);
+  free(back.mem);
+}
+
+/* ---------------------------------------------------------------- load validation */
+
+static void test_load_errors(void) {
+  char dir[512], err[1024], path[600], f[700], cmd[4096];
+  snprintf(dir, sizeof dir, "%s/val", root);
+  moec_config cfg = tiny_config();
+  model m, back;
+  model_init(&m, 1);
+  model_init(&back, 1);
+  model_fill(&m, 3);
+  ckpt_contents c = contents(&m, &cfg, NULL, 0);
+  CHECK(ckpt_save(dir, 3, &c, err, sizeof err) == 0);
+  CHECK(ckpt_latest(dir, path, sizeof path, NULL) == 1);
+  model_fill(&back, 999); /* sentinel: must survive every failed load */
+
+  /* wrong shape */
+  back.p[1].shape[0] = 64;
+  ckpt_contents lc = contents(&back, &cfg, NULL, 0);
+  CHECK(ckpt_load(path, &lc, NULL, err, sizeof err) == -1);
+  CHECK_ERR(err, "model.safetensors: tensor 'model.layers.0.self_attn.q_proj.weight' has shape "
+                 "[128, 128] but the model expects [64, 128]");
+  back.p[1].shape[0] = 128;
+  /* a parameter the checkpoint lacks; one it has that the model lacks */
+  back.p[5].name = "model.norm.bias";
+  CHECK(ckpt_load(path, &lc, NULL, err, sizeof err) == -1);
+  CHECK_ERR(err, "model.safetensors: no tensor 'model.norm.bias'");
+  CHECK_ERR(err, "different model");
+  back.p[5].name = "model.norm.weight";
+  lc.n_params = 7; /* drop frozen.scalar */
+  CHECK(ckpt_load(path, &lc, NULL, err, sizeof err) == -1);
+  CHECK_ERR(err, "model.safetensors: unexpected tensor 'frozen.scalar'");
+  lc.n_params = 8;
+  /* optimizer state expected where the checkpoint has none */
+  float mm, vv;
+  back.p[7].m = &mm, back.p[7].v = &vv;
+  CHECK(ckpt_load(path, &lc, NULL, err, sizeof err) == -1);
+  CHECK_ERR(err, "optimizer.safetensors: no tensor 'frozen.scalar.exp_avg'");
+  back.p[7].m = back.p[7].v = NULL;
+  /* the optimizer has moments the model does not optimise */
+  float *m0 = back.p[0].m, *v0 = back.p[0].v;
+  back.p[0].m = back.p[0].v = NULL;
+  CHECK(ckpt_load(path, &lc, NULL, err, sizeof err) == -1);
+  CHECK_ERR(err, "optimizer.safetensors: unexpected tensor 'model.embed_tokens.weight.exp_avg");
+  back.p[0].m = m0, back.p[0].v = v0;
+  /* config.json disagrees with the model */
+  moec_config other = cfg;
+  other.experts = 8;
+  lc.config = &other;
+  CHECK(ckpt_load(path, &lc, NULL, err, sizeof err) == -1);
+  CHECK_ERR(err, "config.json: num_local_experts is 4 but the model has experts = 8");
+  lc.config = &cfg;
+  CHECK(model_diff(&back, 999) == 0); /* nothing was written */
+  CHECK(ckpt_load(path, &lc, NULL, err, sizeof err) == 0 && model_diff(&back, 3) == 0);
+
+  /* a copy under another step name: files from different checkpoints */
+  snprintf(cmd, sizeof cmd, "cp -r '%s' '%s/step-00000009'", path, dir);
+  CHECK(system(cmd) == 0);
+  snprintf(f, sizeof f, "%s/step-00000009", dir);
+  CHECK(ckpt_load(f, &lc, NULL, err, sizeof err) == -1);
+  CHECK_ERR(err, "state.json: step is 3 but the directory is step-00000009");
+  /* a missing file */
+  snprintf(f, sizeof f, "%s/step-00000009/state.json", dir);
+  unlink(f);
+  snprintf(f, sizeof f, "%s/step-00000009", dir);
+  CHECK(ckpt_load(f, &lc, NULL, err, sizeof err) == -1);
+  CHECK_ERR(err, "step-00000009: missing state.json");
+  /* a truncated model file */
+  snprintf(f, sizeof f, "%s/step-00000009/model.safetensors", dir);
+  CHECK(truncate(f, 5000) == 0);
+  snprintf(cmd, sizeof cmd, "cp '%s/state.json' '%s/step-00000009/'", path, dir);
+  CHECK(system(cmd) == 0);
+  snprintf(f, sizeof f, "%s/step-00000009", dir);
+  CHECK(ckpt_load(f, &lc, NULL, err, sizeof err) == -1);
+  CHECK_ERR(err, "step-00000009/model.safetensors: tensor '");
+  CHECK_ERR(err, "run past the end of the data");
+  /* corrupt state.json */
+  snprintf(f, sizeof f, "%s/state.json", path);
+  snprintf(cmd, sizeof cmd, "cp '%s' '%s.bak' && printf '{\"step\": 3,' > '%s'", f, f, f);
+  CHECK(system(cmd) == 0);
+  CHECK(ckpt_load(path, &lc, NULL, err, sizeof err) == -1);
+  CHECK_ERR(err, "state.json: corrupt JSON: byte 11: unexpected end of JSON");
+  snprintf(cmd, sizeof cmd, "mv '%s.bak' '%s'", f, f);
+  CHECK(system(cmd) == 0);
+  /* not a directory */
+  CHECK(ckpt_load("/nonexistent/step-1", &lc, NULL, err, sizeof err) == -1);
+  CHECK_ERR(err, "/nonexistent/step-1: no such directory");
+
+  /* malformed / dangling latest */
+  snprintf(f, sizeof f, "%s/latest", dir);
+  snprintf(cmd, sizeof cmd, "printf 'step-000' > '%s.x' && printf 'step-00000042\\n' > '%s.y'", f, f);
+  CHECK(system(cmd) == 0);
+  snprintf(cmd, sizeof cmd, "%s.x", f);
+  CHECK(rename(cmd, f) == 0);
+  int64_t s = -5;
+  CHECK(ckpt_latest_err(dir, path, sizeof path, &s, err, sizeof err) == -1 && s == -5);
+  CHECK_ERR(err, "latest: malformed (expected one line 'step-NNNNNNNN')");
+  snprintf(cmd, sizeof cmd, "%s.y", f);
+  CHECK(rename(cmd, f) == 0);
+  CHECK(ckpt_latest_err(dir, path, sizeof path, &s, err, sizeof err) == -1);
+  CHECK_ERR(err, "latest names");
+  CHECK_ERR(err, "step-00000042, which does not exist");
+  FILE *fp = fopen(f, "w");
+  fputs("step-12 junk\n", fp);
+  fclose(fp);
+  CHECK(ckpt_latest_err(dir, path, sizeof path, &s, err, sizeof err) == -1);
+  CHECK_ERR(err, "latest: malformed");
+  /* a later save repairs it */
+  CHECK(ckpt_save(dir, 4, &c, err, sizeof err) == 0);
+  CHECK(ckpt_latest(dir, path, sizeof path, &s) == 1 && s == 4);
+  free(m.mem);
+  free(back.mem);
+}
+
+/* ---------------------------------------------------------------- save failures */
+
+static void test_save_errors(void) {
+  char dir[512], err[1024], path[600], f[700];
+  moec_config cfg = tiny_config();
+  model m, back;
+  model_init(&m, 1);
+  model_init(&back, 1);
+  ckpt_contents c = contents(&m, &cfg, NULL, 0);
+
+  /* a path under a regular file */
+  snprintf(f, sizeof f, "%s/afile", root);
+  FILE *fp = fopen(f, "w");
+  fclose(fp);
+  snprintf(dir, sizeof dir, "%s/afile/ckpt", root);
+  CHECK(ckpt_save(dir, 1, &c, err, sizeof err) == -1);
+  CHECK_ERR(err, "cannot create checkpoint directory");
+  CHECK_ERR(err, "afile/ckpt: ");
+  CHECK_ERR(err, "afile exists and is not a directory");
+  CHECK(ckpt_save(f, 1, &c, err, sizeof err) == -1);
+  CHECK_ERR(err, "exists and is not a directory");
+
+  /* bad contents */
+  snprintf(dir, sizeof dir, "%s/errs", root);
+  ckpt_kv kv = {.key = "step", .kind = CKPT_INT};
+  ckpt_contents bc = contents(&m, &cfg, &kv, 1);
+  CHECK(ckpt_save(dir, 1, &bc, err, sizeof err) == -1);
+  CHECK_ERR(err, "reserved");
+  model dup;
+  model_init(&dup, 1);
+  dup.p[1].name = dup.p[0].name;
+  bc = contents(&dup, &cfg, NULL, 0);
+  CHECK(ckpt_save(dir, 1, &bc, err, sizeof err) == -1);
+  CHECK_ERR(err, "appears twice");
+  free(dup.mem);
+  moec_config bad = cfg;
+  bad.heads = 0;
+  bc = contents(&m, &bad, NULL, 0);
+  CHECK(ckpt_save(dir, 1, &bc, err, sizeof err) == -1);
+  CHECK_ERR(err, "checkpoint step 1 not saved (writing config.json)");
+  CHECK(count_prefix(dir, ".tmp-") == 0 && count_prefix(dir, "step-") == 0);
+
+  /* a good checkpoint, then failures that must leave it in place */
+  model_fill(&m, 1);
+  CHECK(ckpt_save(dir, 1, &c, err, sizeof err) == 0);
+
+  /* full disk, simulated with RLIMIT_FSIZE (writes past the limit fail with EFBIG) */
+  fflush(NULL);
+  pid_t pid = fork();
+  if (pid == 0) {
+    struct rlimit rl = {100000, 100000};
+    signal(SIGXFSZ, SIG_IGN);
+    setrlimit(RLIMIT_FSIZE, &rl);
+    model_fill(&m, 2);
+    int rc = ckpt_save(dir, 2, &c, err, sizeof err);
+    int ok = rc == -1 && strstr(err, "checkpoint step 2 not saved (writing model.safetensors)") &&
+             strstr(err, "write failed: File too large") &&
+             strstr(err, "the previous checkpoint") && strstr(err, "step-00000001 is intact");
+    if (!ok) fprintf(stderr, "full disk: rc %d, %s\n", rc, err);
+    _exit(ok ? 0 : 1);
+  }
+  int status;
+  CHECK(waitpid(pid, &status, 0) == pid && WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  int64_t s;
+  CHECK(ckpt_latest(dir, path, sizeof path, &s) == 1 && s == 1);
+  ckpt_contents lc = contents(&back, &cfg, NULL, 0);
+  CHECK(ckpt_load(path, &lc, NULL, err, sizeof err) == 0 && model_diff(&back, 1) == 0);
+  CHECK(count_prefix(dir, ".tmp-") == 0 && count_prefix(dir, "step-") == 1);
+
+  /* read-only directory (as root, permissions only bind after dropping to nobody) */
+  CHECK(chmod(root, 0755) == 0 && chmod(dir, 0555) == 0);
+  fflush(NULL);
+  pid = fork();
+  if (pid == 0) {
+    if (geteuid() == 0 && (setgid(65534) != 0 || setuid(65534) != 0)) _exit(2);
+    model_fill(&m, 2);
+    int rc = ckpt_save(dir, 2, &c, err, sizeof err);
+    int ok = rc == -1 && strstr(err, "checkpoint step 2 not saved: cannot create") &&
+             strstr(err, "Permission denied") && strstr(err, "make the checkpoint directory "
+                                                            "writable") &&
+             strstr(err, "is intact");
+    if (!ok) fprintf(stderr, "read-only: rc %d, %s\n", rc, err);
+    /* and reading still works */
+    int64_t s2;
+    char p2[600];
+    ok = ok && ckpt_latest(dir, p2, sizeof p2, &s2) == 1 && s2 == 1;
+    _exit(ok ? 0 : 1);
+  }
+  CHECK(waitpid(pid, &status, 0) == pid && WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  CHECK(chmod(dir, 0755) == 0);
+  CHECK(ckpt_latest(dir, path, sizeof path, &s) == 1 && s == 1);
+  free(m.mem);
+  free(back.mem);
+}
+
+/* ---------------------------------------------------------------- stale temporaries */
+
+static void test_stale(void) {
+  char dir[512], err[1024], f[700];
+  snprintf(dir, sizeof dir, "%s/stale", root);
+  moec_config cfg = tiny_config();
+  model m;
+  model_init(&m, 1);
+  model_fill(&m, 1);
+  ckpt_contents c = contents(&m, &cfg, NULL, 0);
+  CHECK(ckpt_save(dir, 1, &c, err, sizeof err) == 0);
+  /* a dead writer's leftovers: reap a child to get a pid that is gone */
+  pid_t dead = fork();
+  if (dead == 0) _exit(0);
+  waitpid(dead, NULL, 0);
+  snprintf(f, sizeof f, "%s/.tmp-step-00000002-%ld", dir, (long)dead);
+  CHECK(mkdir(f, 0777) == 0);
+  snprintf(f, sizeof f, "%s/.tmp-step-00000002-%ld/model.safetensors", dir, (long)dead);
+  FILE *fp = fopen(f, "w");
+  fputs("partial", fp);
+  fclose(fp);
+  snprintf(f, sizeof f, "%s/.latest.tmp-%ld-0", dir, (long)dead);
+  fp = fopen(f, "w");
+  fclose(fp);
+  /* a live writer's (pid 1 exists) stays */
+  snprintf(f, sizeof f, "%s/.tmp-step-00000003-1", dir);
+  CHECK(mkdir(f, 0777) == 0);
+  CHECK(count_prefix(dir, ".tmp-") == 2 && count_prefix(dir, ".latest.tmp-") == 1);
+  CHECK(ckpt_save(dir, 2, &c, err, sizeof err) == 0);
+  CHECK(count_prefix(dir, ".tmp-") == 1 && count_prefix(dir, ".latest.tmp-") == 0);
+  CHECK(access(f, F_OK) == 0);
+  rmdir(f);
+  free(m.mem);
+}
+
+/* ---------------------------------------------------------------- crash safety */
+
+static void crash_child(const char *dir, int scale) {
+  moec_config cfg = tiny_config();
+  model m;
+  model_init(&m, scale);
+  char path[600], err[1024];
+  int64_t s;
+  int r = ckpt_latest(dir, path, sizeof path, &s);
+  if (r < 0) _exit(4);
+  ckpt_kv kv = {.key = "data_pos", .kind = CKPT_INT};
+  ckpt_contents c = contents(&m, &cfg, &kv, 1);
+  for (int64_t step = r == 1 ? s + 1 : 1;; step++) {
+    model_fill(&m, step);
+    kv.i = step * 100;
+    if (ckpt_save(dir, step, &c, err, sizeof err) != 0) {
+      fprintf(stderr, "child: %s\n", err);
+      _exit(3);
+    }
+  }
+}
+
+static void test_crash(void) {
+  char dir[512], err[1024], path[600];
+  snprintf(dir, sizeof dir, "%s/crash", root);
+  const int scale = 4; /* ~1.1M parameters: 4.5 MB of weights + 8.5 MB of moments per save */
+  moec_config cfg = tiny_config();
+  model back;
+  model_init(&back, scale);
+  ckpt_contents lc = contents(&back, &cfg, NULL, 0);
+
+  /* how long a child takes from fork to its first complete save, to spread the kills */
+  char probe[600];
+  snprintf(probe, sizeof probe, "%s/probe", root);
+  fflush(NULL);
+  double t0 = now_s();
+  pid_t pp = fork();
+  if (pp == 0) {
+    model pm;
+    model_init(&pm, scale);
+    model_fill(&pm, 1);
+    ckpt_contents pc = contents(&pm, &cfg, NULL, 0);
+    _exit(ckpt_save(probe, 1, &pc, err, sizeof err) == 0 ? 0 : 1);
+  }
+  int pst;
+  CHECK(waitpid(pp, &pst, 0) == pp && WIFEXITED(pst) && WEXITSTATUS(pst) == 0);
+  double t_save = now_s() - t0;
+  if (t_save < 1e-3) t_save = 1e-3;
+  if (t_save > 0.3) t_save = 0.3;
+  int phases[5] = {0}; /* what the killed writer left behind */
+
+  int kills = 0, found = 0, progressed = 0;
+  int64_t last = 0;
+  double t_start = now_s();
+  for (int round = 0; round < 40 && (kills < 24 || now_s() - t_start < 2.0); round++) {
+    if (now_s() - t_start > 10.0 && kills >= 20) break;
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid == 0) crash_child(dir, scale);
+    /* delay: mostly within a few saves; some very early (startup, first files); every
+     * fifth long enough that the run surely advances */
+    double d = round % 5 == 4 ? 4.0 * t_save
+               : rng() % 4 == 0 ? (double)(rng() % 2000) * 1e-6
+                                : (double)(rng() % 1000) / 1000.0 * 3.0 * t_save;
+    struct timespec ts = {(time_t)d, (long)((d - (double)(time_t)d) * 1e9)};
+    nanosleep(&ts, NULL);
+    kill(pid, SIGKILL);
+    int status;
+    waitpid(pid, &status, 0);
+    if (!(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL)) {
+      fprintf(stderr, "crash child ended otherwise: status 0x%x\n", status);
+      failures++;
+      break;
+    }
+    kills++;
+    phases[count_prefix(dir, ".tmp-step-")   ? 0
+           : count_prefix(dir, ".latest.tmp-") ? 1
+           : count_prefix(dir, ".tmp-del-")    ? 2
+           : count_prefix(dir, "step-") > 2    ? 3
+                                               : 4]++;
+    int64_t s = -1;
+    int r = ckpt_latest_err(dir, path, sizeof path, &s, err, sizeof err);
+    if (r < 0 || (r == 0 && found)) {
+      fprintf(stderr, "after kill %d: latest: %d %s\n", kills, r, err);
+      failures++;
+      break;
+    }
+    if (r == 0) continue;
+    found = 1;
+    if (s < last) {
+      fprintf(stderr, "latest went back from %lld to %lld\n", (long long)last, (long long)s);
+      failures++;
+    }
+    progressed += s > last;
+    last = s;
+    model_fill(&back, -1);
+    ckpt_state st;
+    if (ckpt_load(path, &lc, &st, err, sizeof err) != 0) {
+      fprintf(stderr, "after kill %d: %s\n", kills, err);
+      failures++;
+      break;
+    }
+    int64_t dp = -1;
+    CHECK(st.step == s && ckpt_state_i64(&st, "data_pos", &dp) == 0 && dp == s * 100);
+    ckpt_state_free(&st);
+    long bad = model_diff(&back, s);
+    if (bad) {
+      fprintf(stderr, "after kill %d: step %lld loaded with %ld wrong values\n", kills,
+              (long long)s, bad);
+      failures++;
+    }
+  }
+  CHECK(kills >= 20);
+  CHECK(found && progressed >= 3);
+  printf("crash test: %d kills, latest reached step %lld (%d advances), fork-to-first-save "
+         "%.1f ms; killed while writing files %d, writing latest %d, deleting old %d, before "
+         "pruning %d, elsewhere %d\n", kills, (long long)last, progressed, t_save * 1e3,
+         phases[0], phases[1], phases[2], phases[3], phases[4]);
+  /* one clean save clears every leftover of the killed writers */
+  model_fill(&back, last + 1);
+  CHECK(ckpt_save(dir, last + 1, &lc, err, sizeof err) == 0);
+  CHECK(count_prefix(dir, ".tmp-") == 0 && count_prefix(dir, ".latest.tmp-") == 0);
+  CHECK(count_prefix(dir, "step-") == 2);
+  free(back.mem);
+}
+
+int main(void) {
+  snprintf(root, sizeof root, "%s/moec_ckpt_XXXXXX", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
+  if (getenv("MOEC_TEST_SEED")) rng_state = strtoull(getenv("MOEC_TEST_SEED"), NULL, 0);
+  if (!mkdtemp(root)) {
+    perror("mkdtemp");
+    return 1;
+  }
+  test_config_json();
+  test_roundtrip();
+  test_load_errors();
+  test_save_errors();
+  test_stale();
+  test_crash();
+  ckpt_rmtree(root);
+  if (failures) {
+    fprintf(stderr, "test_ckpt: %d failure(s)\n", failures);
+    return 1;
+  }
+  printf("test_ckpt: ok\n");
+  return 0;
+}

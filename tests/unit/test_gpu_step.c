@@ -1,0 +1,129 @@
+/* test_gpu_step.c -- the whole training step on the GPU against the CPU reference executor:
+ * the same model, weights and batches; every parameter gradient of step 1 and the losses of
+ * 20 steps, in fp32 and bf16, for tiny and l0_sanity (small sizes) and a GQA model.
+ * Prints "SKIP" and passes where there is no CUDA driver or GPU. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cpu_exec.h"
+#include "data.h"
+#include "frontend.h"
+#include "gpu_exec.h"
+#include "gpu_loader.h"
+#include "params.h"
+#include "pipeline.h"
+
+static ir_graph *load(const char *path, const moec_set *sets, int n) {
+  ir_graph *g = moec_frontend_load(path, sets, n, stderr);
+  /* the GPU has no kernels for the fusion passes' ops yet: compare the naive experts */
+  pipeline_opts o = {.disable = "group-linear,grouped-mlp,mxfp8", .dump = stdout, .train = 1};
+  if (g && pipeline_run(&g, &o, stderr)) {
+    ir_graph_free(g);
+    return NULL;
+  }
+  return g;
+}
+
+/* Returns the number of failures. */
+static int compare(const char *path, const moec_set *sets, int n_sets, double loss_tol, double grad_tol) {
+  ir_graph *g = load(path, sets, n_sets);
+  if (!g) return 1;
+  char err[2048];
+  data_opts dopt = {g->cfg.seq, 0, 0.01, 0, 0, 1};
+  data_set *d = data_open("data/chr20_slice.fa.gz", &dopt, err, sizeof err);
+  rt_params *pc = rt_params_new(g, 3), *pg = rt_params_new(g, 3);
+  cpu_exec *cx = cpu_exec_new(g, pc, err, sizeof err);
+  gpu_runtime *rt = gpu_runtime_new(pg, NULL, err, sizeof err);
+  gpu_exec *gx = rt ? gpu_exec_new(rt, g, err, sizeof err) : NULL;
+  if (!d || !cx || !gx) {
+    fprintf(stderr, "%s: setup failed: %s\n", path, err);
+    return 1;
+  }
+  int64_t T = g->cfg.batch * g->cfg.seq;
+  int32_t *tok = malloc((size_t)T * 4), *lab = malloc((size_t)T * 4);
+  int failed = 0;
+  double worst_loss = 0, worst_grad = 0;
+  for (int64_t s = 1; s <= 20; s++) {
+    data_train_batch(d, s - 1, g->cfg.batch, tok, lab);
+    float oc[8], og[8];
+    double nc, ng;
+    cpu_exec_keep_all(cx, s == 1);
+    gpu_exec_keep_all(gx, s == 1);
+    if (cpu_exec_run(cx, tok, lab, s, oc, &nc, err, sizeof err) || gpu_exec_run(gx, tok, lab, s, og, &ng, err, sizeof err)) {
+      fprintf(stderr, "%s: step %lld: %s\n", path, (long long)s, err);
+      return failed + 1;
+    }
+    double rel = fabs((double)og[0] - oc[0]) / fabs((double)oc[0]);
+    if (rel > worst_loss) worst_loss = rel;
+    if (rel > loss_tol) {
+      failed++;
+      fprintf(stderr, "%s: step %lld: GPU loss %.7f, CPU %.7f (relative %.2g > %.2g)\n", path, (long long)s, og[0], oc[0], rel,
+              loss_tol);
+    }
+    if (s != 1) continue;
+    /* every parameter gradient of step 1: max |gpu - cpu| <= grad_tol * max |cpu| */
+    for (int id = 0; id < g->n_nodes; id++) {
+      if (g->nodes[id].op != OP_ADAMW) continue;
+      int gid = g->nodes[id].in[1];
+      int64_t n;
+      const float *c = cpu_exec_value(cx, gid, &n);
+      float *gv = malloc((size_t)n * 4);
+      int64_t got = gpu_exec_value(gx, gid, gv, n);
+      double maxd = 0, maxc = 0;
+      for (int64_t i = 0; i < n && got == n; i++) {
+        maxd = fmax(maxd, fabs((double)gv[i] - c[i]));
+        maxc = fmax(maxc, fabs((double)c[i]));
+      }
+      double r = maxd / (maxc + 1e-12);
+      if (r > worst_grad) worst_grad = r;
+      if (got != n || r > grad_tol) {
+        failed++;
+        fprintf(stderr, "%s: gradient of %s: max error %.3g of max %.3g (relative %.2g > %.2g)\n", path,
+                ir_get_str(&g->nodes[g->nodes[id].in[0]], "name", "?"), maxd, maxc, r, grad_tol);
+      }
+      free(gv);
+    }
+  }
+  printf("%s [%s]: 20 steps on %s; worst loss difference %.2g (tolerance %.2g), worst gradient %.2g (tolerance %.2g)\n",
+         path, g->cfg.precision == PREC_FP32 ? "fp32" : "bf16", gpu_runtime_device(rt), worst_loss, loss_tol, worst_grad,
+         grad_tol);
+  free(tok);
+  free(lab);
+  gpu_exec_free(gx);
+  gpu_runtime_free(rt);
+  cpu_exec_free(cx);
+  rt_params_free(pc);
+  rt_params_free(pg);
+  data_close(d);
+  ir_graph_free(g);
+  return failed;
+}
+
+int main(void) {
+  char err[512];
+  int n = 0;
+  if (gpu_driver_load(err, sizeof err) != 0 || gpu_device_count(&n, err, sizeof err) != 0 || n == 0) {
+    printf("SKIP: no CUDA driver or GPU here (%s); the GPU step is tested on the H200\n", n == 0 && !err[0] ? "no device" : err);
+    return 0;
+  }
+  const moec_set tiny32[] = {{"seq", "128"}, {"batch", "4"}, {"precision", "fp32"}};
+  const moec_set tiny16[] = {{"seq", "128"}, {"batch", "4"}, {"precision", "bf16"}};
+  const moec_set gqa[] = {{"seq", "64"}, {"batch", "2"}, {"heads", "8"}, {"kv_heads", "2"}, {"experts", "6"},
+                          {"top_k", "3"}, {"precision", "fp32"}};
+  /* l0_sanity at its own lr (1e-3) with batch 2 is chaotic within 20 steps: bf16 and fp32 runs
+   * on the CPU alone part by 6% by step 16. At lr 2e-4 the trajectory is smooth, so a 1e-2
+   * bound on the GPU-vs-CPU difference tests the executor, not the chaos. */
+  const moec_set l0[] = {{"seq", "256"}, {"batch", "2"}, {"precision", "bf16"}, {"lr", "2e-4"}};
+  /* fp32: cuBLASLt and the kernels sum in other orders than BLAS; bf16: each rounding of an
+   * activation differs by an ulp of 2^-8, and routing can flip on near-ties */
+  int failed = compare("models/tiny.moe", tiny32, 3, 1e-4, 1e-3) + compare("models/tiny.moe", gqa, 7, 1e-4, 1e-3) +
+               compare("models/tiny.moe", tiny16, 3, 1e-2, 1e-1) + compare("models/l0_sanity.moe", l0, 4, 1e-2, 1e-1);
+  if (failed) {
+    fprintf(stderr, "test_gpu_step: %d failures\n", failed);
+    return 1;
+  }
+  printf("test_gpu_step: GPU training steps match the CPU reference\n");
+  return 0;
+}

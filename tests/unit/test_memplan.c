@@ -1,0 +1,56 @@
+/* test_memplan.c -- the predicted memory of a graph: weights, AdamW moments and the
+ * activation peak of the liveness walk, checked against sizes computed independently. */
+#include <stdio.h>
+
+#include "frontend.h"
+#include "memplan.h"
+#include "params.h"
+#include "pipeline.h"
+
+static int failures;
+#define CHECK(c, ...)                          \
+  do {                                         \
+    if (!(c)) {                                \
+      failures++;                              \
+      fprintf(stderr, "FAIL: " __VA_ARGS__);   \
+      fputc('\n', stderr);                     \
+    }                                          \
+  } while (0)
+
+static int64_t bytes_of(const ir_graph *g, int id) {
+  const ir_type *t = &g->nodes[id].type;
+  return ir_type_numel_bound(g, t) * (t->dtype == DT_BF16 ? 2 : t->dtype == DT_E4M3 || t->dtype == DT_E8M0 ? 1 : 4);
+}
+
+int main(void) {
+  const moec_set sets[] = {{"precision", "bf16"}};
+  for (int train = 0; train <= 1; train++) {
+    ir_graph *g = moec_frontend_load("models/tiny.moe", sets, 1, stderr);
+    pipeline_opts o = {.dump = stdout, .train = train};
+    if (!g || pipeline_run(&g, &o, stderr)) return 1;
+    memplan mp;
+    memplan_estimate(g, &mp);
+    rt_params *ps = rt_params_new(g, 1);
+    int64_t largest = 0, sum = 0;
+    for (int id = 0; id < g->n_nodes; id++) {
+      ir_op op = g->nodes[id].op;
+      if (op == OP_PARAM || op == OP_ADAMW) continue;
+      int64_t b = bytes_of(g, id);
+      sum += b;
+      if (b > largest) largest = b;
+    }
+    CHECK(mp.params == rt_params_numel(ps) * 4, "weights %lld bytes, params hold %lld values", (long long)mp.params,
+          (long long)rt_params_numel(ps));
+    CHECK(mp.optimizer == (train ? 2 * mp.params : 0), "AdamW moments %lld (train %d)", (long long)mp.optimizer, train);
+    CHECK(mp.activations >= largest && mp.activations <= sum + (int64_t)1e9, "activation peak %lld outside [%lld, %lld]",
+          (long long)mp.activations, (long long)largest, (long long)sum);
+    /* freeing after the last use must beat keeping everything alive */
+    CHECK(mp.activations < sum, "the liveness walk frees nothing (%lld of %lld)", (long long)mp.activations, (long long)sum);
+    CHECK(mp.total == mp.params + mp.optimizer + mp.activations, "total");
+    printf("tiny %s: weights %lld, moments %lld, activation peak %lld of %lld bytes made\n", train ? "step" : "forward",
+           (long long)mp.params, (long long)mp.optimizer, (long long)mp.activations, (long long)sum);
+    rt_params_free(ps);
+    ir_graph_free(g);
+  }
+  return failures ? 1 : 0;
+}
