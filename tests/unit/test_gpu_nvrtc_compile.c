@@ -1,5 +1,5 @@
-/* test_gpu_nvrtc_compile.c -- compiles every generated kernel module with NVRTC for sm_90
- * and sm_90a (no GPU needed) and fails on any error or warning: NVRTC's log must be empty,
+/* test_gpu_nvrtc_compile.c -- compiles every generated kernel module, and the runtime's
+ * hand-written one (attention's softmax kernels), with NVRTC for sm_90 and sm_90a (no GPU needed) and fails on any error or warning: NVRTC's log must be empty,
  * with ptxas asked to warn about spills and local memory. Skips, and passes, where NVRTC is
  * not installed (CI has no CUDA toolkit).
  *
@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "codegen/cg_kernels.h"
+#include "runtime/gpu_attention.h"
 #include "runtime/gpu_kernels.h"
 #include "runtime/gpu_nvrtc.h"
 #include "runtime/gpu_sha256.h"
@@ -167,6 +168,23 @@ int main(void) {
           gpu_nvrtc_out_free(&out);
         }
         free(src);
+      }
+    }
+    /* modules written by hand elsewhere in the runtime */
+    struct {
+      const char *name, *src;
+    } extra[] = {{"attention", gpu_attention_source()}};
+    for (size_t i = 0; i < sizeof extra / sizeof extra[0]; i++) {
+      gpu_nvrtc_opts o = {.arch = archs[a], .dump_dir = dump ? dump_dir : NULL, .cache_dir = "", .strict = 1};
+      gpu_nvrtc_out out;
+      double t = now();
+      if (gpu_nvrtc_compile(extra[i].name, extra[i].src, &o, &out, err, sizeof err) != 0) {
+        FAIL("%s for %s:\n%s", extra[i].name, archs[a], err);
+      } else {
+        check_log(extra[i].name, archs[a], out.log);
+        printf("  %-16s %-7s %7zu bytes of cubin  %.2f s\n", extra[i].name, archs[a], out.size, now() - t);
+        n_modules++;
+        gpu_nvrtc_out_free(&out);
       }
     }
   }
