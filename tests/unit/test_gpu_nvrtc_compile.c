@@ -1,6 +1,7 @@
 /* test_gpu_nvrtc_compile.c -- compiles every generated kernel module, and the runtime's
  * hand-written one (attention's softmax kernels), with NVRTC for sm_90 and sm_90a (no GPU
- * needed) and fails on any error or warning: NVRTC's log must be empty, with ptxas asked to warn about spills and local memory. Skips, and passes, where NVRTC is
+ * needed) and fails on any error or warning: NVRTC's log must be empty, with ptxas asked to
+ * warn about spills and local memory. Skips, and passes, where NVRTC is
  * not installed (CI has no CUDA toolkit).
  *
  * ptxas is also asked for its spill and local-memory diagnostics. Those are printed as notes,
