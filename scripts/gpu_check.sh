@@ -12,8 +12,9 @@
 # (the test did not use the GPU). With compute-sanitizer present, test_gpu_kernels also runs
 # once under memcheck (MOEC_MEMCHECK=0 skips that). Exit status 0 only when all passed.
 #
-# Logs: $OUT/gpu_check.log (everything), $OUT/<test>.log per test, $OUT/kernels.tar.gz (the
-# generated sources and NVRTC logs) when OUT is set; else under BUILD_DIR/gpu_check/.
+# Logs: gpu_check.log (the environment, every test's output, the summary) and kernels.tar.gz
+# (the generated sources and NVRTC logs) in $OUT when it is set (two files: the device tool
+# brings back at most eight), else in BUILD_DIR/gpu_check/ with one log per test besides.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=$(cd "${1:-$root/build}" 2>/dev/null && pwd) || { echo "gpu_check: no build folder '${1:-$root/build}'" >&2; exit 2; }
@@ -83,7 +84,7 @@ fails=0
 run_one() { # name, limit in seconds, command...
   local name=$1 limit=$2
   shift 2
-  local log=$logdir/$name.log t0 rc
+  local log=$work/$name.log t0 rc
   say "-- $name"
   if ldd "$1" 2>/dev/null | grep -q 'not found'; then
     ldd "$1" | grep 'not found' | tee -a "$summary"
@@ -104,6 +105,7 @@ run_one() { # name, limit in seconds, command...
   [ "${result[$name]}" = PASS ] || fails=$((fails + 1))
   tail -3 "$log"
   say "$name: ${result[$name]} (${secs[$name]} s)"
+  [ -n "${OUT:-}" ] || cp "$log" "$logdir/"
 }
 for t in "${tests[@]}"; do
   if [ ! -x "$build/$t" ]; then
