@@ -23,6 +23,8 @@
 #include <string.h>
 
 #include "cpu_exec.h"
+#include "gpu_exec.h"
+#include "gpu_loader.h"
 #include "ir.h"
 #include "params.h"
 #include "pipeline.h"
@@ -251,26 +253,62 @@ static diff compare_param(const ir_graph *g, int id, const float *moec, const re
   return d;
 }
 
+/* The executor under test: the CPU reference, or (--device cuda) the GPU. */
+static cpu_exec *cx;
+static gpu_runtime *grt;
+static gpu_exec *gx;
+static float *gbuf; /* host copy of a GPU value */
+
+static int run_step(const int32_t *tok, const int32_t *lab, int64_t s, float *out, double *norm, char *err, size_t len) {
+  if (gx) {
+    gpu_exec_keep_all(gx, s == 1);
+    return gpu_exec_run(gx, tok, lab, s, out, norm, err, len);
+  }
+  cpu_exec_keep_all(cx, s == 1);
+  return cpu_exec_run(cx, tok, lab, s, out, norm, err, len);
+}
+
+static const float *value(int id, int64_t *n) {
+  if (!gx) return cpu_exec_value(cx, id, n);
+  if (!gbuf) gbuf = malloc(((size_t)1 << 24) * sizeof(float)); /* the parity model's largest value fits */
+  *n = gbuf ? gpu_exec_value(gx, id, gbuf, (int64_t)1 << 24) : 0;
+  return *n ? gbuf : NULL;
+}
+
 int main(int argc, char **argv) {
   const char *ref_path = REF_PATH;
-  moec_set sets[16];
+  int cuda = 0;
+  moec_set sets[16] = {{0}};
   int n_sets = 0;
   for (int i = 1; i < argc; i++) {
     char *eq = i + 1 < argc ? strchr(argv[i + 1], '=') : NULL;
     if (strcmp(argv[i], "--ref") == 0 && i + 1 < argc) {
       ref_path = argv[++i];
+    } else if (strcmp(argv[i], "--device") == 0 && i + 1 < argc && strcmp(argv[i + 1], "cuda") == 0) {
+      cuda = 1;
+      i++;
     } else if (strcmp(argv[i], "--set") == 0 && eq && n_sets < 16) {
       *eq = 0;
       sets[n_sets++] = (moec_set){argv[i + 1], eq + 1};
       i++;
     } else {
-      die("usage: test_parity [--ref FILE] [--set NAME=VALUE]...");
+      die("usage: test_parity [--ref FILE] [--device cuda] [--set NAME=VALUE]...");
     }
   }
   ir_graph *g = moec_frontend_load(MODEL_PATH, sets, n_sets, stdout);
   if (!g) die("cannot load %s (run from the source root)", MODEL_PATH);
   pipeline_opts opts = {0};
   opts.train = 1;
+  if (cuda) {
+    char derr[512] = "";
+    int n_gpus = 0;
+    if (gpu_driver_load(derr, sizeof derr) != 0 || gpu_device_count(&n_gpus, derr, sizeof derr) != 0 || n_gpus == 0) {
+      printf("SKIP: --device cuda: no CUDA driver or GPU here (%s)\n", derr[0] ? derr : "no device");
+      ir_graph_free(g);
+      return 0;
+    }
+    opts.disable = "group-linear,grouped-mlp,mxfp8"; /* their ops have no GPU kernels yet */
+  }
   if (pipeline_run(&g, &opts, stdout) != 0) die("the training pipeline failed");
   const moec_config *c = &g->cfg;
   /* what the reference assumes (make_reference.py has no router losses, no schedule) */
@@ -288,8 +326,13 @@ int main(int argc, char **argv) {
            ps->n);
 
   char err[1024] = "";
-  cpu_exec *x = cpu_exec_new(g, ps, err, sizeof err);
-  if (!x) die("cpu_exec_new: %s", err);
+  if (cuda) {
+    if (!(grt = gpu_runtime_new(ps, NULL, err, sizeof err)) || !(gx = gpu_exec_new(grt, g, err, sizeof err)))
+      die("--device cuda: %s", err);
+    printf("executor: %s\n", gpu_runtime_device(grt));
+  } else if (!(cx = cpu_exec_new(g, ps, err, sizeof err))) {
+    die("cpu_exec_new: %s", err);
+  }
   int ce = -1;
   for (int i = 0; i < g->n_nodes && ce < 0; i++)
     if (g->nodes[i].op == OP_CROSS_ENTROPY) ce = i;
@@ -299,8 +342,7 @@ int main(int argc, char **argv) {
   for (uint32_t s = 1; s <= ref.steps; s++) {
     float out[8] = {0};
     double norm = 0;
-    cpu_exec_keep_all(x, s == 1);
-    if (cpu_exec_run(x, ref.tokens, ref.labels, s, out, &norm, err, sizeof err) != 0)
+    if (run_step(ref.tokens, ref.labels, s, out, &norm, err, sizeof err) != 0)
       die("step failed: %s", err);
     double lerr = fabs(out[0] - ref.losses[s - 1]) / fabs(ref.losses[s - 1]);
     double nerr = fabs(norm - ref.norms[s - 1]) / fabs(ref.norms[s - 1]);
@@ -311,7 +353,7 @@ int main(int argc, char **argv) {
     if (s != 1) continue;
 
     int64_t n;
-    const float *lg = cpu_exec_value(x, logits_id, &n);
+    const float *lg = value(logits_id, &n);
     CHECK(lg && n >= ref.logit_rows * ref.V, "logits not kept");
     if (lg) {
       diff d = compare(lg, ref.logits, ref.logit_rows * ref.V);
@@ -327,7 +369,7 @@ int main(int argc, char **argv) {
       const char *name = ir_get_str(&g->nodes[nd->in[0]], "name", "?");
       const ref_tensor *r = find_tensor(ref.grads, ref.n_grads, name);
       CHECK(r, "gradient of %s is not in the reference", name);
-      const float *gv = cpu_exec_value(x, nd->in[1], &n);
+      const float *gv = value(nd->in[1], &n);
       if (!r || !gv) continue;
       seen++;
       diff d = compare_param(g, nd->in[0], gv, r, "gradient");
@@ -341,6 +383,7 @@ int main(int argc, char **argv) {
     CHECK(seen == (int)ref.n_grads, "compared %d gradients, the reference has %u", seen, ref.n_grads);
   }
 
+  if (gx && gpu_runtime_download(grt, ps, err, sizeof err) != 0) die("download: %s", err);
   double worst = 0, worst_rms = 0;
   const char *worst_name = "", *worst_rms_name = "";
   int seen = 0;
@@ -361,7 +404,10 @@ int main(int argc, char **argv) {
          ref.steps, seen, worst, worst / c->lr, worst_name, worst_rms / c->lr, worst_rms_name);
   CHECK(seen == (int)ref.n_final, "compared %d weights, the reference has %u", seen, ref.n_final);
 
-  cpu_exec_free(x);
+  cpu_exec_free(cx);
+  gpu_exec_free(gx);
+  gpu_runtime_free(grt);
+  free(gbuf);
   free_reference(&ref);
   rt_params_free(ps);
   ir_graph_free(g);
