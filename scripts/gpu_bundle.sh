@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# Prepares a build folder made here to run on a GPU machine whose image lacks this machine's
-# libraries (OpenBLAS, gfortran, htslib, ...): copies the shared libraries that the GPU test
-# binaries need, except the C runtime, into BUILD/gpu-libs. scripts/gpu_check.sh puts that
-# folder on LD_LIBRARY_PATH. CUDA libraries are never copied: the GPU machine has its own.
+# Packs what the GPU machine needs from a build made here into BUILD/gpu-carry: the GPU test
+# binaries (and moec with --with-moec) and, in gpu-carry/gpu-libs, the shared libraries they
+# need that the GPU machine's image may lack (OpenBLAS, gfortran, htslib, ...; never the C
+# runtime, never CUDA's own). Carry only that folder (the whole build folder is larger than
+# the device tool takes), then there:  scripts/gpu_check.sh build/gpu-carry
 #   scripts/gpu_bundle.sh [BUILD_DIR] [--with-moec]      (default BUILD_DIR: build)
-# The GPU tests call no BLAS routine, so libopenblas.so.0 (35 MB) is stood in for by the
-# reference BLAS (libblas.so.3, 0.5 MB, the same cblas_* symbols) when it is installed here;
-# MOEC_BUNDLE_REAL_BLAS=1 copies OpenBLAS itself (needed with --with-moec for training).
+# About 40 MB, OpenBLAS most of it (test_gpu_step trains on the CPU too, and needs its speed).
+# MOEC_BUNDLE_SMALL_BLAS=1 stands the reference BLAS (libblas.so.3, 0.5 MB, the same cblas_*
+# symbols, about 9x slower) in for it, when only kernel tests are to run.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=build
@@ -22,9 +23,11 @@ build=$(cd "$build" 2>/dev/null && pwd) || { echo "gpu_bundle: no build folder '
 bins=("$build"/test_gpu_*)
 [ "$with_moec" = 1 ] && bins+=("$build/moec")
 for b in "${bins[@]}"; do [ -x "$b" ] || { echo "gpu_bundle: $b is missing (build first)" >&2; exit 1; }; done
-out=$build/gpu-libs
-rm -rf "$out"
+carry=$build/gpu-carry
+out=$carry/gpu-libs
+rm -rf "$carry"
 mkdir -p "$out"
+cp "${bins[@]}" "$carry/"
 small_blas=/usr/lib/x86_64-linux-gnu/blas/libblas.so.3
 declare -A seen=()
 for b in "${bins[@]}"; do
@@ -37,7 +40,7 @@ for b in "${bins[@]}"; do
     [ -n "${seen[$name]:-}" ] && continue
     seen[$name]=1
     if [ "$path" = "not" ]; then echo "gpu_bundle: $b needs $name, which is not installed here" >&2; exit 1; fi
-    if [ "$name" = libopenblas.so.0 ] && [ "${MOEC_BUNDLE_REAL_BLAS:-0}" != 1 ] && [ "$with_moec" = 0 ] && [ -e "$small_blas" ]; then
+    if [ "$name" = libopenblas.so.0 ] && [ "${MOEC_BUNDLE_SMALL_BLAS:-0}" = 1 ] && [ -e "$small_blas" ]; then
       cp -L "$small_blas" "$out/$name"
       echo "  $name <- $small_blas (reference BLAS stand-in)"
     else
@@ -50,4 +53,4 @@ done
 if [ -e "$out/libopenblas.so.0" ] && ! ldd "$out/libopenblas.so.0" | grep -q gfortran; then
   rm -f "$out/libgfortran.so.5" "$out/libquadmath.so.0"
 fi
-echo "gpu_bundle: $(ls "$out" | wc -l) libraries, $(du -sh "$out" | cut -f1), in $out"
+echo "gpu_bundle: ${#bins[@]} binaries and $(ls "$out" | wc -l) libraries, $(du -sh "$carry" | cut -f1), in $carry"

@@ -2,10 +2,10 @@
 # Runs moec's GPU tests on a machine with an NVIDIA GPU, from a build made elsewhere (the GPU
 # machine need not have flex, bison, cmake or the CPU libraries: see scripts/gpu_bundle.sh).
 #
-#   scripts/gpu_check.sh [BUILD_DIR]          (default: build; run from anywhere)
+#   scripts/gpu_check.sh [DIR]     (default: build/gpu-carry if it exists, else build)
 #
 # On the build machine first:  cmake -S . -B build && make -C build -j && scripts/gpu_bundle.sh build
-# then carry the whole build folder (it holds gpu-libs/).
+# then carry build/gpu-carry (the GPU test binaries and, in gpu-libs/, their CPU libraries).
 #
 # Reports the environment (GPU, driver, toolkit, NVRTC), then runs each GPU test with a time
 # limit and reports PASS / FAIL / SKIP for each. On a GPU machine a SKIP counts as a failure
@@ -17,7 +17,9 @@
 # brings back at most eight), else in BUILD_DIR/gpu_check/ with one log per test besides.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-build=$(cd "${1:-$root/build}" 2>/dev/null && pwd) || { echo "gpu_check: no build folder '${1:-$root/build}'" >&2; exit 2; }
+default=$root/build
+[ -d "$root/build/gpu-carry" ] && default=$root/build/gpu-carry
+build=$(cd "${1:-$default}" 2>/dev/null && pwd) || { echo "gpu_check: no folder '${1:-$default}'" >&2; exit 2; }
 logdir=${OUT:-$build/gpu_check}
 mkdir -p "$logdir"
 summary=$logdir/gpu_check.log
