@@ -30,16 +30,7 @@ int pass_fold_mul_one(ir_graph **gp, FILE *err) {
 
 /* ---- its test (step 4) ---- */
 
-static int failures;
-#define CHECK(cond, ...)                          \
-  do {                                            \
-    if (!(cond)) {                                \
-      failures++;                                 \
-      printf("FAIL %s:%d: ", __FILE__, __LINE__); \
-      printf(__VA_ARGS__);                        \
-      printf("\n");                               \
-    }                                             \
-  } while (0)
+#include "check.h"
 
 static int count(const ir_graph *g, ir_op op) {
   int k = 0;

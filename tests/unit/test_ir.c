@@ -6,16 +6,7 @@
 #include "ir.h"
 #include "pipeline.h"
 
-static int failures;
-#define CHECK(cond, ...)                                  \
-  do {                                                    \
-    if (!(cond)) {                                        \
-      failures++;                                         \
-      fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__); \
-      fprintf(stderr, __VA_ARGS__);                       \
-      fputc('\n', stderr);                                \
-    }                                                     \
-  } while (0)
+#include "check.h"
 
 static ir_type ty(ir_dtype dt, int rank, int64_t a, int64_t b) { return (ir_type){dt, rank, {a, b, 0, 0}}; }
 

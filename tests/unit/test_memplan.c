@@ -7,15 +7,7 @@
 #include "params.h"
 #include "pipeline.h"
 
-static int failures;
-#define CHECK(c, ...)                          \
-  do {                                         \
-    if (!(c)) {                                \
-      failures++;                              \
-      fprintf(stderr, "FAIL: " __VA_ARGS__);   \
-      fputc('\n', stderr);                     \
-    }                                          \
-  } while (0)
+#include "check.h"
 
 static int64_t bytes_of(const ir_graph *g, int id) {
   const ir_type *t = &g->nodes[id].type;

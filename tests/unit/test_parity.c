@@ -56,16 +56,7 @@ int main(void) {
 #define TOL_W_MAX 0.02      /* each weight after the last step: max|a-b| <= TOL_W_MAX * lr */
 #define TOL_W_RMS 2e-4      /*   and rms(a-b) <= TOL_W_RMS * lr */
 
-static int failures;
-#define CHECK(cond, ...)                               \
-  do {                                                 \
-    if (!(cond)) {                                     \
-      failures++;                                      \
-      printf("FAIL %s:%d: ", __FILE__, __LINE__);      \
-      printf(__VA_ARGS__);                             \
-      printf("\n");                                    \
-    }                                                  \
-  } while (0)
+#include "check.h"
 
 __attribute__((format(printf, 1, 2), noreturn)) static void die(const char *fmt, ...) {
   va_list ap;

@@ -20,16 +20,7 @@
 #include "pipeline.h"
 #include "rewrite.h"
 
-static int failures;
-#define CHECK(cond, ...)                          \
-  do {                                            \
-    if (!(cond)) {                                \
-      failures++;                                 \
-      printf("FAIL %s:%d: ", __FILE__, __LINE__); \
-      printf(__VA_ARGS__);                        \
-      printf("\n");                               \
-    }                                             \
-  } while (0)
+#include "check.h"
 
 static const moec_set small[] = {{"hidden", "32"}, {"ffn", "48"}, {"seq", "16"}, {"batch", "2"}, {"layers", "1"}};
 
