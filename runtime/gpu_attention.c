@@ -1,5 +1,6 @@
-/* gpu_attention.c -- attention from cuBLASLt GEMMs and three small NVRTC kernels. Query head
- * h = j*group + r reads KV head j; for each r, one strided-batched GEMM covers every j. */
+/* gpu_attention.c -- the choice between the flash kernels (gpu_flash.c) and attention from
+ * cuBLASLt GEMMs and three small NVRTC kernels. In the latter, query head h = j*group + r
+ * reads KV head j; for each r, one strided-batched GEMM covers every j. */
 #include "gpu_attention.h"
 
 #include <math.h>
@@ -7,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "gpu_flash.h"
 #include "gpu_nvrtc.h"
 
 static const char *source =
@@ -84,6 +86,7 @@ struct gpu_attention {
   void *fn[3][2]; /* softmax_fwd, rowdot, softmax_bwd x (f32, bf16) */
   gpu_ptr scores, p, lse, D;
   size_t cap_scores, cap_p, cap_lse, cap_D;
+  gpu_flash *flash; /* NULL: gemm only (MOEC_ATTENTION=gemm, or a device older than sm_80) */
 };
 
 gpu_attention *gpu_attention_new(rt_cuda *k, gpu_blas *b, char *err, size_t errlen) {
@@ -117,6 +120,19 @@ gpu_attention *gpu_attention_new(rt_cuda *k, gpu_blas *b, char *err, size_t errl
     gpu_attention_free(a);
     return NULL;
   }
+  const char *env = getenv("MOEC_ATTENTION");
+  if (env && *env && strcmp(env, "gemm") != 0 && strcmp(env, "flash") != 0) {
+    snprintf(err, errlen, "MOEC_ATTENTION=%s: expected flash or gemm", env);
+    gpu_attention_free(a);
+    return NULL;
+  }
+  if (!(env && strcmp(env, "gemm") == 0)) {
+    a->flash = gpu_flash_new(a->g, o.arch, NULL, err, errlen);
+    if (!a->flash && err[0]) { /* a compile or load failure, not an old device */
+      gpu_attention_free(a);
+      return NULL;
+    }
+  }
   return a;
 }
 
@@ -126,6 +142,7 @@ void gpu_attention_free(gpu_attention *a) {
   gpu_free(a->g, a->p);
   gpu_free(a->g, a->lse);
   gpu_free(a->g, a->D);
+  gpu_flash_free(a->flash);
   if (a->module) gpu_module_unload(a->g, a->module);
   free(a);
 }
@@ -198,8 +215,8 @@ static int scores_and_p(gpu_attention *a, const gpu_attn_dims *d, gpu_ptr q, gpu
   return launch(a, 0, d->dt, (uint64_t)(nh * S), args, err, errlen);
 }
 
-int gpu_attention_fwd(gpu_attention *a, const gpu_attn_dims *d, gpu_ptr q, gpu_ptr k, gpu_ptr v, gpu_ptr out, char *err,
-                      size_t errlen) {
+int gpu_attention_fwd_gemm(gpu_attention *a, const gpu_attn_dims *d, gpu_ptr q, gpu_ptr k, gpu_ptr v, gpu_ptr out,
+                           char *err, size_t errlen) {
   if (d->nh % d->nkv) {
     snprintf(err, errlen, "attention: heads %lld not a multiple of kv_heads %lld", (long long)d->nh, (long long)d->nkv);
     return -1;
@@ -219,8 +236,12 @@ int gpu_attention_fwd(gpu_attention *a, const gpu_attn_dims *d, gpu_ptr q, gpu_p
   return 0;
 }
 
-int gpu_attention_bwd(gpu_attention *a, const gpu_attn_dims *d, gpu_ptr q, gpu_ptr k, gpu_ptr v, gpu_ptr out,
-                      gpu_ptr dout, gpu_ptr packed, char *err, size_t errlen) {
+int gpu_attention_bwd_gemm(gpu_attention *a, const gpu_attn_dims *d, gpu_ptr q, gpu_ptr k, gpu_ptr v, gpu_ptr out,
+                           gpu_ptr dout, gpu_ptr packed, char *err, size_t errlen) {
+  if (d->nh % d->nkv) {
+    snprintf(err, errlen, "attention: heads %lld not a multiple of kv_heads %lld", (long long)d->nh, (long long)d->nkv);
+    return -1;
+  }
   if (scratch(a, d, err, errlen)) return -1;
   int64_t S = d->seq, nh = d->nh, nkv = d->nkv, hd = d->hd, group = nh / nkv;
   int64_t cq = nh * hd, ck = nkv * hd, W = cq + 2 * ck;
@@ -257,4 +278,30 @@ int gpu_attention_bwd(gpu_attention *a, const gpu_attn_dims *d, gpu_ptr q, gpu_p
     if (per_group(a, d, S, hd, S, scale, dSt, Q, dK, 1, err, errlen)) return -1;
   }
   return 0;
+}
+
+int gpu_attention_uses_flash(const gpu_attention *a, const gpu_attn_dims *d, gpu_ptr q, gpu_ptr k, gpu_ptr v,
+                             gpu_ptr out) {
+  /* the forward and the backward decide alike: dout and packed come from the same allocator */
+  return a->flash && d->dt == CG_DT_BF16 && gpu_flash_supports(a->flash, d->hd) && d->nkv >= 1 &&
+         d->nh % d->nkv == 0 && ((q | k | v | out) & 15) == 0;
+}
+
+int gpu_attention_fwd(gpu_attention *a, const gpu_attn_dims *d, gpu_ptr q, gpu_ptr k, gpu_ptr v, gpu_ptr out, char *err,
+                      size_t errlen) {
+  if (gpu_attention_uses_flash(a, d, q, k, v, out))
+    return gpu_flash_fwd(a->flash, d->B, d->seq, d->nh, d->nkv, d->hd, d->causal, q, k, v, out, err, errlen);
+  return gpu_attention_fwd_gemm(a, d, q, k, v, out, err, errlen);
+}
+
+int gpu_attention_bwd(gpu_attention *a, const gpu_attn_dims *d, gpu_ptr q, gpu_ptr k, gpu_ptr v, gpu_ptr out,
+                      gpu_ptr dout, gpu_ptr packed, char *err, size_t errlen) {
+  if (gpu_attention_uses_flash(a, d, q, k, v, out) && ((dout | packed) & 15) == 0)
+    return gpu_flash_bwd(a->flash, d->B, d->seq, d->nh, d->nkv, d->hd, d->causal, q, k, v, out, dout, packed, err,
+                         errlen);
+  return gpu_attention_bwd_gemm(a, d, q, k, v, out, dout, packed, err, errlen);
+}
+
+int gpu_attention_flash_variant(const gpu_attention *a, int64_t hd, int bwd, char *name, size_t len) {
+  return a->flash ? gpu_flash_variant(a->flash, hd, bwd, name, len) : -1;
 }
