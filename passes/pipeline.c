@@ -1,6 +1,8 @@
 /* pipeline.c -- the default pipeline, read top to bottom, and the pass manager. */
 #include "pipeline.h"
 
+#include "hash.h"
+
 #include <errno.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -87,13 +89,13 @@ void pipeline_print_header(const char *pass, FILE *out) { fprintf(out, "// -----
 /* FNV-1a over the bytes of what a dump shows. */
 static uint64_t mix(uint64_t h, const void *p, size_t n) {
   const unsigned char *b = p;
-  for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 1099511628211ull;
+  for (size_t i = 0; i < n; i++) h = hash_fnv(h, b[i]);
   return h;
 }
 static uint64_t mix_str(uint64_t h, const char *s) { return s ? mix(h, s, strlen(s) + 1) : mix(h, "", 1); }
 
 uint64_t ir_hash(const ir_graph *g) {
-  uint64_t h = 1469598103934665603ull;
+  uint64_t h = HASH_FNV_INIT;
   h = mix(h, &g->n_nodes, sizeof g->n_nodes);
   for (int i = 0; i < g->n_nodes; i++) {
     const ir_node *n = &g->nodes[i];

@@ -4,6 +4,7 @@
  * Every byte of a sequence line is checked against one table; the bases of all records go
  * into one buffer, which is then cut into the train and validation token streams. */
 #include "data.h"
+#include "hash.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -71,12 +72,6 @@ int data_complement(int token) {
 
 /* ---- counter-based randomness (splitmix64) ---- */
 
-static uint64_t mix64(uint64_t z) {
-  z += 0x9E3779B97F4A7C15ull;
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
 
 /* A keyed bijection of [0, n): a 6-round balanced Feistel network over the smallest even
  * number of bits that covers n, cycle-walked until the value falls inside [0, n). */
@@ -90,7 +85,7 @@ static int64_t permute(int64_t n, uint64_t key, int64_t x) {
   do {
     uint64_t l = v >> h, r = v & mask;
     for (uint64_t round = 0; round < 6; round++) {
-      uint64_t f = mix64(key ^ mix64(r + (round << 56))) & mask;
+      uint64_t f = hash_mix64(key ^ hash_mix64(r + (round << 56))) & mask;
       uint64_t nl = r;
       r = l ^ f;
       l = nl;
@@ -656,8 +651,8 @@ int64_t data_train_window_id(const data_set *d, int64_t step, int64_t batch, int
   int64_t n = d->nwin[DATA_TRAIN];
   int64_t g = step * batch + row;
   uint64_t epoch = (uint64_t)(g / n);
-  uint64_t key = mix64(mix64(d->seed ^ PERM_SALT) ^ mix64(epoch));
-  if (rc) *rc = d->rc_augment ? (int)(mix64(mix64(d->seed ^ RC_SALT) ^ (uint64_t)g) >> 63) : 0;
+  uint64_t key = hash_mix64(hash_mix64(d->seed ^ PERM_SALT) ^ hash_mix64(epoch));
+  if (rc) *rc = d->rc_augment ? (int)(hash_mix64(hash_mix64(d->seed ^ RC_SALT) ^ (uint64_t)g) >> 63) : 0;
   return permute(n, key, g % n);
 }
 

@@ -2,6 +2,7 @@
  * GEMMs on top. The enum values below are those of CUDA 13.0's cublasLt.h, cublas_api.h and
  * library_types.h (cited by name). */
 #include "gpu_blas.h"
+#include "hash.h"
 
 #include <dlfcn.h>
 #include <pthread.h>
@@ -149,8 +150,8 @@ int gpu_gemm(gpu_blas *b, int64_t m, int64_t n, int64_t k, float alpha, const gp
   lc = layout(b, C->dtype, n, m, C->ld, batch, C->stride);
   if (!la || !lb || !lc) goto done;
   int64_t key[12] = {m, n, k, A->dtype, C->dtype, A->trans, B->trans, A->ld, B->ld, C->ld, batch, beta != 0};
-  uint64_t h = 1469598103934665603ull;
-  for (int i = 0; i < 12; i++) h = (h ^ (uint64_t)key[i]) * 1099511628211ull;
+  uint64_t h = HASH_FNV_INIT;
+  for (int i = 0; i < 12; i++) h = hash_fnv(h, (uint64_t)key[i]);
   algo_entry *e = &b->cache[h % ALGO_CACHE];
   if (!e->used || memcmp(e->key, key, sizeof key) != 0) {
     gpu_blas_heuristic res;

@@ -1,29 +1,23 @@
 /* params.c -- parameter storage and deterministic initialisation. */
 #include "params.h"
 
+#include "hash.h"
+
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
-static uint64_t splitmix64(uint64_t *s) {
-  uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-
-/* FNV-1a: each parameter's stream depends on its name, so adding a layer does not change
- * the initial values of the others. */
-static uint64_t hash_name(const char *s) {
-  uint64_t h = 1469598103934665603ull;
-  for (; *s; s++) h = (h ^ (unsigned char)*s) * 1099511628211ull;
-  return h;
+/* The next value of a splitmix64 stream. */
+static uint64_t next_u64(uint64_t *s) {
+  uint64_t r = hash_mix64(*s);
+  *s += HASH_GOLDEN;
+  return r;
 }
 
 /* Standard normal by Box-Muller from two 53-bit uniforms in (0, 1]. */
 static double normal01(uint64_t *s) {
-  double u1 = ((double)(splitmix64(s) >> 11) + 1.0) * 0x1.0p-53;
-  double u2 = (double)(splitmix64(s) >> 11) * 0x1.0p-53;
+  double u1 = ((double)(next_u64(s) >> 11) + 1.0) * 0x1.0p-53;
+  double u2 = (double)(next_u64(s) >> 11) * 0x1.0p-53;
   return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
 }
 
@@ -59,7 +53,8 @@ rt_params *rt_params_new(const ir_graph *g, uint64_t seed) {
       memset(p->w, 0, (size_t)p->numel * sizeof(float));
     } else {
       double std = ir_get_float(n, "std", 0.02);
-      uint64_t s = seed * 0x9E3779B97F4A7C15ull ^ hash_name(p->name);
+      /* each parameter's stream depends on its name, so adding a layer leaves the others alone */
+      uint64_t s = seed * HASH_GOLDEN ^ hash_str(p->name);
       for (int64_t j = 0; j < p->numel; j++) p->w[j] = (float)(std * normal01(&s));
     }
   }
