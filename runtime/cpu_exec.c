@@ -76,18 +76,19 @@ static int alloc_out(ex *x, int id, int64_t rows, int zero) {
 /* Static leading size of a value's type, or its run-time rows. */
 static int64_t rows_of(ex *x, int v) { return x->val[v].rows; }
 
-static int64_t *route_rows(ex *x, int id, const rt_value *idx, int64_t T, int64_t k, int e, int32_t **rows,
-                           int32_t **slots, int64_t *n) {
+/* The (token, slot) pairs routed to expert e: *n of them, in *rows and *slots (caller frees).
+ * 0, or -1 with the message set. */
+static int route_rows(ex *x, int id, const rt_value *idx, int64_t T, int64_t k, int e, int32_t **rows,
+                      int32_t **slots, int64_t *n) {
   *rows = malloc((size_t)(T * k + 1) * sizeof(int32_t));
   *slots = malloc((size_t)(T * k + 1) * sizeof(int32_t));
   if (!*rows || !*slots) {
     free(*rows);
     free(*slots);
-    fail(x, id, "out of host memory");
-    return NULL;
+    return fail(x, id, "out of host memory");
   }
   *n = ck_route_rows(idx->i, T, k, e, *rows, *slots);
-  return n;
+  return 0;
 }
 
 /* ---- one exec function per op ---- */
@@ -203,7 +204,7 @@ static int exec_DISPATCH(ex *x, int id) {
   const rt_value *a = IN(id, 0), *idx = IN(id, 1);
   int32_t *rows, *slots;
   int64_t n;
-  if (!route_rows(x, id, idx, idx->rows, INCOLS(id, 1), (int)ir_get_int(N(id), "expert", 0), &rows, &slots, &n))
+  if (route_rows(x, id, idx, idx->rows, INCOLS(id, 1), (int)ir_get_int(N(id), "expert", 0), &rows, &slots, &n))
     return -1;
   int rc = alloc_out(x, id, n, 0);
   if (rc == 0) rc = check_ck(x, id, ck_dispatch_fwd(a->f, rows, x->val[id].f, a->rows, n, COLS(id)));
@@ -453,7 +454,7 @@ static int exec_DISPATCH_BWD(ex *x, int id) {
   const rt_value *dxe = IN(id, 0), *idx = IN(id, 1);
   int32_t *rows, *slots;
   int64_t n;
-  if (!route_rows(x, id, idx, idx->rows, INCOLS(id, 1), (int)ir_get_int(N(id), "expert", 0), &rows, &slots, &n))
+  if (route_rows(x, id, idx, idx->rows, INCOLS(id, 1), (int)ir_get_int(N(id), "expert", 0), &rows, &slots, &n))
     return -1;
   int rc = n != dxe->rows ? fail(x, id, "expert gradient has %lld rows, routing gives %lld", (long long)dxe->rows, (long long)n)
                           : alloc_out(x, id, idx->rows, 1);
@@ -469,7 +470,7 @@ static int exec_COMBINE_BWD_Y(ex *x, int id) {
   int64_t k = INCOLS(id, 1), H = COLS(id);
   int32_t *rows, *slots;
   int64_t n;
-  if (!route_rows(x, id, idx, idx->rows, k, (int)ir_get_int(N(id), "expert", 0), &rows, &slots, &n)) return -1;
+  if (route_rows(x, id, idx, idx->rows, k, (int)ir_get_int(N(id), "expert", 0), &rows, &slots, &n)) return -1;
   int rc = alloc_out(x, id, n, 0);
   for (int64_t r = 0; rc == 0 && r < n; r++) {
     float s = w->f[(int64_t)rows[r] * k + slots[r]];
