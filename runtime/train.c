@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "ckpt.h"
 #include "cpu_exec.h"
@@ -242,6 +243,21 @@ int moec_train(const ir_graph *fwd, const ir_graph *step_g, const train_opts *o)
 
   int rc = 1;
   int64_t B = cfg->batch, S = cfg->seq, T = B * S;
+  if (!o->cuda) {
+    /* a model that cannot fit would be killed by the kernel mid-allocation: say so up front */
+    memplan mp;
+    memplan_estimate(step_g, &mp);
+    double ram = (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE);
+    if (ram > 0 && (double)mp.total > ram) {
+      char need[32], have[32];
+      fprintf(stderr, "moec: error: %s needs about %s of memory to train on the CPU (weights, AdamW moments and "
+              "activations), but this machine has %s; train on a GPU (--device cuda), or use a smaller seq or batch "
+              "(--set seq=N, --set batch=N)\n", step_g->model_name, gpu_fmt_bytes((size_t)mp.total, need, sizeof need),
+              gpu_fmt_bytes((size_t)ram, have, sizeof have));
+      data_close(d);
+      return 1;
+    }
+  }
   rt_params *ps = rt_params_new(step_g, (uint64_t)cfg->seed);
   executors ex;
   memset(&ex, 0, sizeof ex);
