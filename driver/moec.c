@@ -98,9 +98,31 @@ static const char *usage_compile =
 static moec_bundle embedded;
 static int is_embedded;
 
-static ir_graph *load_model(const cli *c, moec_sources *record) {
-  return moec_frontend_load_ex(c->file, c->sets, c->n_sets, stderr, is_embedded ? &embedded.sources : NULL, record);
+/* With split: the model as one rank sees it: with ep x dp = W > 1 ranks, each takes batch / W sequences of
+ * the global batch, so the graph is lowered again at that batch (docs/parallel.md). */
+static ir_graph *load_model_ex(const cli *c, moec_sources *record, int split) {
+  const moec_sources *from = is_embedded ? &embedded.sources : NULL;
+  ir_graph *g = moec_frontend_load_ex(c->file, c->sets, c->n_sets, stderr, from, record);
+  if (!g || record || !split) return g;
+  int64_t world = g->cfg.ep * g->cfg.dp, batch = g->cfg.batch;
+  if (world <= 1 || g->cfg.ep > 1) return g; /* expert parallelism: not yet (the parallelize pass says so) */
+  ir_graph_free(g);
+  if (batch % world) {
+    fprintf(stderr, "moec: error: batch = %" PRId64 " is not a multiple of ep x dp = %" PRId64
+                    " (each rank takes batch / (ep x dp) sequences of the global batch)\n", batch, world);
+    return NULL;
+  }
+  moec_set sets[MAX_SETS + 1];
+  int n = 0;
+  for (int i = 0; i < c->n_sets; i++)
+    if (strcmp(c->sets[i].name, "batch") != 0) sets[n++] = c->sets[i];
+  char v[32];
+  snprintf(v, sizeof v, "%" PRId64, batch / world);
+  sets[n++] = (moec_set){"batch", v};
+  return moec_frontend_load_ex(c->file, sets, n, stderr, from, NULL);
 }
+static ir_graph *load_model(const cli *c, moec_sources *record) { return load_model_ex(c, record, 0); }
+static ir_graph *load_rank_model(const cli *c) { return load_model_ex(c, NULL, 1); }
 
 static void print_passes(FILE *out) {
   int n;
@@ -264,7 +286,7 @@ static int cmd_check(int argc, char **argv) {
 static int cmd_dump(int argc, char **argv) {
   cli c;
   if (parse_args(argc, argv, &c, usage_dump)) return 1;
-  ir_graph *g = load_model(&c, NULL);
+  ir_graph *g = load_rank_model(&c);
   if (!g) return 1;
   int rc = pipeline_run(&g, &c.pipe, stderr);
   if (rc == 0 && !c.pipe.print_after && !c.pipe.print_after_change) {
@@ -310,9 +332,9 @@ static int cmd_train(int argc, char **argv) {
     c.pipe.disable = gpu_disable;
     fprintf(stderr, "moec: note: --device cuda: group-linear, grouped-mlp and mxfp8 are off (no GPU kernels for their ops yet)\n");
   }
-  ir_graph *fwd = load_model(&c, NULL);
+  ir_graph *fwd = load_rank_model(&c);
   if (!fwd) return 1;
-  ir_graph *step = load_model(&c, NULL);
+  ir_graph *step = load_rank_model(&c);
   /* the forward graph (validation) takes the same passes, without autodiff, and is not dumped */
   char fwd_disable[1024];
   snprintf(fwd_disable, sizeof fwd_disable, "%s%sautodiff", c.pipe.disable ? c.pipe.disable : "", c.pipe.disable ? "," : "");

@@ -49,6 +49,7 @@ static int want_matrix(shape_ctx *c, int i, const char *what) {
   return 0;
 }
 
+static int want_scalar(shape_ctx *c, int i);
 static int want_index(shape_ctx *c, int i, int rank, const char *what) {
   const ir_type *t = OPERAND(c, i);
   char buf[96];
@@ -168,8 +169,16 @@ static int shape_ROUTE_WEIGHTS(shape_ctx *c) {
   return 0;
 }
 
+/* Operand i, when present: the routes per expert over all ranks, i32[E]. */
+static int want_global_counts(shape_ctx *c, int i, int64_t E) {
+  if (c->n->n_in <= i) return 0;
+  if (want_index(c, i, 1, "counts")) return -1;
+  if (OPERAND(c, i)->dims[0] != E) return fail(c, "counts has %lld entries for %lld experts", (long long)OPERAND(c, i)->dims[0], (long long)E);
+  return 0;
+}
+
 static int shape_AUX_LOSS(shape_ctx *c) {
-  if (want_logits_idx(c)) return -1;
+  if (want_logits_idx(c) || want_global_counts(c, 2, OPERAND(c, 0)->dims[1])) return -1;
   *c->out = make(DT_F32, 0, 0, 0);
   return 0;
 }
@@ -376,7 +385,7 @@ static int shape_MUL(shape_ctx *c) { return same_types(c); }
 static int shape_ADD(shape_ctx *c) { return same_types(c); }
 
 static int shape_CROSS_ENTROPY(shape_ctx *c) {
-  if (want_matrix(c, 0, "logits") || want_index(c, 1, 1, "labels")) return -1;
+  if (want_matrix(c, 0, "logits") || want_index(c, 1, 1, "labels") || (c->n->n_in == 3 && want_scalar(c, 2))) return -1;
   if (OPERAND(c, 0)->dims[0] != OPERAND(c, 1)->dims[0]) return fail(c, "logits and labels disagree on the token count");
   *c->out = make(DT_F32, 0, 0, 0);
   return 0;
@@ -463,7 +472,9 @@ static int want_scalar(shape_ctx *c, int i) {
 }
 
 static int shape_AUX_LOSS_BWD(shape_ctx *c) {
-  if (want_scalar(c, 0) || want_matrix(c, 1, "logits") || want_index(c, 2, 2, "idx")) return -1;
+  if (want_scalar(c, 0) || want_matrix(c, 1, "logits") || want_index(c, 2, 2, "idx") ||
+      want_global_counts(c, 3, OPERAND(c, 1)->dims[1]))
+    return -1;
   *c->out = *OPERAND(c, 1);
   return 0;
 }
@@ -497,7 +508,8 @@ static int shape_COMBINE_BWD_W(shape_ctx *c) {
 }
 
 static int shape_CROSS_ENTROPY_BWD(shape_ctx *c) {
-  if (want_scalar(c, 0) || want_matrix(c, 1, "logits") || want_index(c, 2, 1, "labels")) return -1;
+  if (want_scalar(c, 0) || want_matrix(c, 1, "logits") || want_index(c, 2, 1, "labels") || (c->n->n_in == 4 && want_scalar(c, 3)))
+    return -1;
   *c->out = make(DT_F32, 2, OPERAND(c, 1)->dims[0], OPERAND(c, 1)->dims[1]);
   return 0;
 }
@@ -619,6 +631,23 @@ static int shape_ADAMW(shape_ctx *c) {
   if (!ir_type_equal(p, OPERAND(c, 1))) return fail(c, "the gradient must have the param's type");
   if (want_scalar(c, 2)) return -1;
   *c->out = *p;
+  return 0;
+}
+
+static int shape_LABEL_COUNT(shape_ctx *c) {
+  if (want_index(c, 0, 1, "labels")) return -1;
+  *c->out = make(DT_F32, 0, 0, 0);
+  return 0;
+}
+
+static int shape_ALL_REDUCE(shape_ctx *c) {
+  const char *grp = ir_get_str(c->n, "group", "");
+  if (strcmp(grp, "world") && strcmp(grp, "ep") && strcmp(grp, "dp")) return fail(c, "group must be world, ep or dp, got '%s'", grp);
+  const ir_type *x = OPERAND(c, 0);
+  if (x->dtype != DT_F32 && x->dtype != DT_I32) return fail(c, "sums f32 or i32 values");
+  for (int d = 0; d < x->rank; d++)
+    if (x->dims[d] < 0) return fail(c, "needs static sizes (every rank sums the same number of values)");
+  *c->out = *x;
   return 0;
 }
 

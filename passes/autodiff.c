@@ -107,10 +107,11 @@ static void grad_ROUTE_WEIGHTS(ad_ctx *c) {
 }
 
 static void grad_AUX_LOSS(ad_ctx *c) {
-  acc(c, IN(0), emit(c, OP_AUX_LOSS_BWD, (int[]){c->dy, IN(0), IN(1)}, 3, NODE->attrs, NODE->n_attrs));
+  int n = NODE->n_in + 1; /* the global counts, when given, go along */
+  acc(c, IN(0), emit(c, OP_AUX_LOSS_BWD, (int[]){c->dy, IN(0), IN(1), n == 4 ? IN(2) : 0}, n, NODE->attrs, NODE->n_attrs));
 }
 
-static void grad_Z_LOSS(ad_ctx *c) {
+static void grad_Z_LOSS(ad_ctx *c) { /* attributes (coef, global_tokens) go along */
   acc(c, IN(0), emit(c, OP_Z_LOSS_BWD, (int[]){c->dy, IN(0)}, 2, NODE->attrs, NODE->n_attrs));
 }
 
@@ -246,7 +247,16 @@ static void grad_ADD(ad_ctx *c) {
 }
 
 static void grad_CROSS_ENTROPY(ad_ctx *c) {
-  acc(c, IN(0), emit(c, OP_CROSS_ENTROPY_BWD, (int[]){c->dy, IN(0), IN(1)}, 3, NULL, 0));
+  int n = NODE->n_in + 1; /* the global label count, when given, goes along */
+  acc(c, IN(0), emit(c, OP_CROSS_ENTROPY_BWD, (int[]){c->dy, IN(0), IN(1), n == 4 ? IN(2) : 0}, n, NULL, 0));
+}
+
+static void grad_LABEL_COUNT(ad_ctx *c) { no_inputs(c); }
+
+/* y = sum over the group of x_r, read by every rank: d x_r = the sum of every rank's dy. */
+static void grad_ALL_REDUCE(ad_ctx *c) {
+  if (type_of(c, IN(0))->dtype != DT_F32) return;
+  acc(c, IN(0), emit(c, OP_ALL_REDUCE, &c->dy, 1, NODE->attrs, NODE->n_attrs));
 }
 
 /* Backward and optimizer ops are never differentiated again. */

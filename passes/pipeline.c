@@ -13,7 +13,9 @@
 static const pass_info passes[] = {
     {"group-linear", pass_group_linear, "E per-expert linears -> one grouped_linear over expert-sorted tokens", 1, 0},
     {"grouped-mlp", pass_grouped_mlp, "grouped gate_up -> SwiGLU -> x routing prob -> grouped down => grouped_mlp", 1, 0},
+    {"parallelize", pass_parallelize, "one rank's graph of an EP x DP world: every loss a share of the global batch's (world > 1)", 1, 0},
     {"autodiff", pass_autodiff, "append the backward graph and the AdamW update (training step)", 1, 1},
+    {"sync", pass_sync, "all_reduce the gradients before the optimizer and the outputs (world > 1)", 1, 0},
     {"mxfp8", pass_mxfp8, "MXFP8 quantize ops on expert GEMM operands and saved activations (precision mxfp8)", 1, 0},
     {"dce", pass_dce, "remove ops whose results reach no output", 1, 0},
 };

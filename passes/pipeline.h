@@ -55,7 +55,9 @@ void pipeline_print_header(const char *pass, FILE *out);
 /* Passes (one file each under passes/). */
 int pass_group_linear(ir_graph **g, FILE *err);
 int pass_grouped_mlp(ir_graph **g, FILE *err);
+int pass_parallelize(ir_graph **g, FILE *err);
 int pass_autodiff(ir_graph **g, FILE *err);
+int pass_sync(ir_graph **g, FILE *err);
 int pass_mxfp8(ir_graph **g, FILE *err);
 int pass_dce(ir_graph **g, FILE *err);
 

@@ -151,6 +151,60 @@ int ck_aux_loss_bwd(const float *logits, const int32_t *idx, float dloss, float 
   return CK_OK;
 }
 
+static double global_tokens(const int32_t *counts, int64_t E, int64_t k) {
+  double n = 0;
+  for (int64_t e = 0; e < E; e++) n += counts[e];
+  return n / (double)k;
+}
+
+int ck_aux_loss_share_fwd(const float *logits, const int32_t *counts, float *loss, int64_t T, int64_t E, int64_t k,
+                          float coef) {
+  double Tg = global_tokens(counts, E, k);
+  double *P = malloc((size_t)E * sizeof(double));
+  float *p = malloc((size_t)E * sizeof(float));
+  if (!P || !p) {
+    free(P);
+    free(p);
+    return CK_ENOMEM;
+  }
+  for (int64_t e = 0; e < E; e++) P[e] = 0.0;
+  for (int64_t t = 0; t < T; t++) {
+    ck_softmax_rows(logits + t * E, p, 1, E);
+    for (int64_t e = 0; e < E; e++) P[e] += p[e];
+  }
+  double s = 0.0;
+  for (int64_t e = 0; Tg > 0 && e < E; e++) s += ((double)counts[e] / Tg) * (P[e] / Tg);
+  *loss = (float)((double)coef * (double)E * s);
+  free(P);
+  free(p);
+  return CK_OK;
+}
+
+int ck_aux_loss_share_bwd(const float *logits, const int32_t *counts, float dloss, float *dlogits, int64_t T,
+                          int64_t E, int64_t k, float coef) {
+  double Tg = global_tokens(counts, E, k);
+  if (T == 0 || Tg <= 0) return CK_OK;
+  double *a = malloc((size_t)E * sizeof(double));
+  float *p = malloc((size_t)E * sizeof(float));
+  if (!a || !p) {
+    free(a);
+    free(p);
+    return CK_ENOMEM;
+  }
+  for (int64_t e = 0; e < E; e++) a[e] = (double)coef * (double)E * (double)counts[e] / Tg;
+  const double f = (double)dloss / Tg;
+  for (int64_t t = 0; t < T; t++) {
+    ck_softmax_rows(logits + t * E, p, 1, E);
+    double ap = 0.0;
+    for (int64_t e = 0; e < E; e++) ap += a[e] * p[e];
+    float *dl = dlogits + t * E;
+    for (int64_t e = 0; e < E; e++) dl[e] += (float)(f * p[e] * (a[e] - ap));
+  }
+  free(a);
+  free(p);
+  return CK_OK;
+}
+
 void ck_z_loss_fwd(const float *logits, float *loss, int64_t T, int64_t E, float coef) {
   double s = 0.0;
   for (int64_t t = 0; t < T; t++) {

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "ck_grouped.h"
+#include "comm.h"
 #include "cpu_kernels.h"
 
 typedef struct {
@@ -30,6 +31,8 @@ struct cpu_exec {
   int64_t step;
   double grad_norm;
   int keep_all;
+  comm_world *comm;
+  int rank;
   char *err;
   size_t errlen;
 };
@@ -189,14 +192,25 @@ static int exec_ROUTE_WEIGHTS(ex *x, int id) {
 static int exec_AUX_LOSS(ex *x, int id) {
   const rt_value *l = IN(id, 0);
   if (alloc_out(x, id, 1, 0)) return -1;
+  if (N(id)->n_in == 3)
+    return check_ck(x, id, ck_aux_loss_share_fwd(l->f, IN(id, 2)->i, x->val[id].f, l->rows, INCOLS(id, 0), INCOLS(id, 1),
+                                                 (float)ir_get_float(N(id), "coef", 0)));
   return check_ck(x, id, ck_aux_loss_fwd(l->f, IN(id, 1)->i, x->val[id].f, l->rows, INCOLS(id, 0), INCOLS(id, 1),
                                          (float)ir_get_float(N(id), "coef", 0)));
+}
+
+/* z_loss's coefficient; with global_tokens (a share of the loss of all ranks), scaled so the
+ * kernel's mean over the T local tokens becomes the sum over global_tokens. */
+static float z_coef(ex *x, int id, int64_t T) {
+  double coef = ir_get_float(N(id), "coef", 0);
+  int64_t g = ir_get_int(N(id), "global_tokens", 0);
+  return (float)(g > 0 ? coef * (double)T / (double)g : coef);
 }
 
 static int exec_Z_LOSS(ex *x, int id) {
   const rt_value *l = IN(id, 0);
   if (alloc_out(x, id, 1, 0)) return -1;
-  ck_z_loss_fwd(l->f, x->val[id].f, l->rows, INCOLS(id, 0), (float)ir_get_float(N(id), "coef", 0));
+  ck_z_loss_fwd(l->f, x->val[id].f, l->rows, INCOLS(id, 0), z_coef(x, id, l->rows));
   return 0;
 }
 
@@ -323,10 +337,46 @@ static int exec_ADD(ex *x, int id) {
   return 0;
 }
 
+/* With the global label count n (operand `k`): this rank's labels over n, the factor that makes
+ * the local mean this rank's share of the global mean. */
+static float ce_share(ex *x, int id, int k, const rt_value *labels) {
+  if (N(id)->n_in <= k) return 1.0f;
+  int64_t local = 0;
+  for (int64_t t = 0; t < labels->rows; t++) local += labels->i[t] >= 0;
+  float n = IN(id, k)->f[0];
+  return n > 0 ? (float)((double)local / (double)n) : 0.0f;
+}
+
 static int exec_CROSS_ENTROPY(ex *x, int id) {
   const rt_value *l = IN(id, 0);
   if (alloc_out(x, id, 1, 0)) return -1;
-  return check_ck(x, id, ck_cross_entropy_fwd(l->f, IN(id, 1)->i, x->val[id].f, l->rows, INCOLS(id, 0)));
+  if (check_ck(x, id, ck_cross_entropy_fwd(l->f, IN(id, 1)->i, x->val[id].f, l->rows, INCOLS(id, 0)))) return -1;
+  x->val[id].f[0] *= ce_share(x, id, 2, IN(id, 1));
+  return 0;
+}
+
+static int exec_LABEL_COUNT(ex *x, int id) {
+  const rt_value *lab = IN(id, 0);
+  if (alloc_out(x, id, 1, 0)) return -1;
+  int64_t n = 0;
+  for (int64_t t = 0; t < lab->rows; t++) n += lab->i[t] >= 0;
+  x->val[id].f[0] = (float)n;
+  return 0;
+}
+
+static int exec_ALL_REDUCE(ex *x, int id) {
+  const rt_value *a = IN(id, 0);
+  const char *gs = ir_get_str(N(id), "group", "world");
+  comm_group grp = !strcmp(gs, "ep") ? COMM_EP : !strcmp(gs, "dp") ? COMM_DP : COMM_WORLD;
+  if (!x->comm) return fail(x, id, "a collective, but this executor has no communicator (run it through moec train)");
+  int is_int = N(id)->type.dtype == DT_I32;
+  if (alloc_out(x, id, a->rows, 0)) return -1;
+  void *buf = is_int ? (void *)x->val[id].i : (void *)x->val[id].f;
+  memcpy(buf, is_int ? (const void *)a->i : (const void *)a->f, (size_t)a->numel * 4);
+  char m[512];
+  if (comm_all_reduce_sum(comm_get(x->comm, x->rank, grp), buf, a->numel, is_int ? COMM_I32 : COMM_F32, m, sizeof m))
+    return fail(x, id, "%s", m);
+  return 0;
 }
 
 static int exec_FILL(ex *x, int id) {
@@ -439,6 +489,9 @@ static int exec_ROUTE_WEIGHTS_BWD(ex *x, int id) {
 static int exec_AUX_LOSS_BWD(ex *x, int id) {
   const rt_value *l = IN(id, 1);
   if (alloc_out(x, id, l->rows, 1)) return -1;
+  if (N(id)->n_in == 4)
+    return check_ck(x, id, ck_aux_loss_share_bwd(l->f, IN(id, 3)->i, IN(id, 0)->f[0], x->val[id].f, l->rows, COLS(id),
+                                                 INCOLS(id, 2), (float)ir_get_float(N(id), "coef", 0)));
   return check_ck(x, id, ck_aux_loss_bwd(l->f, IN(id, 2)->i, IN(id, 0)->f[0], x->val[id].f, l->rows, COLS(id),
                                          INCOLS(id, 2), (float)ir_get_float(N(id), "coef", 0)));
 }
@@ -446,7 +499,7 @@ static int exec_AUX_LOSS_BWD(ex *x, int id) {
 static int exec_Z_LOSS_BWD(ex *x, int id) {
   const rt_value *l = IN(id, 1);
   if (alloc_out(x, id, l->rows, 1)) return -1;
-  ck_z_loss_bwd(l->f, IN(id, 0)->f[0], x->val[id].f, l->rows, COLS(id), (float)ir_get_float(N(id), "coef", 0));
+  ck_z_loss_bwd(l->f, IN(id, 0)->f[0], x->val[id].f, l->rows, COLS(id), z_coef(x, id, l->rows));
   return 0;
 }
 
@@ -507,7 +560,8 @@ static int exec_COMBINE_BWD_W(ex *x, int id) {
 static int exec_CROSS_ENTROPY_BWD(ex *x, int id) {
   const rt_value *l = IN(id, 1);
   if (alloc_out(x, id, l->rows, 0)) return -1;
-  return check_ck(x, id, ck_cross_entropy_bwd(l->f, IN(id, 2)->i, IN(id, 0)->f[0], x->val[id].f, l->rows, COLS(id)));
+  float dloss = IN(id, 0)->f[0] * ce_share(x, id, 3, IN(id, 2));
+  return check_ck(x, id, ck_cross_entropy_bwd(l->f, IN(id, 2)->i, dloss, x->val[id].f, l->rows, COLS(id)));
 }
 
 static int exec_PAD_COLS(ex *x, int id) {
@@ -671,6 +725,11 @@ void cpu_exec_free(cpu_exec *x) {
   free(x->last_use);
   free(x->val);
   free(x);
+}
+
+void cpu_exec_set_comm(cpu_exec *x, comm_world *w, int rank) {
+  x->comm = w;
+  x->rank = rank;
 }
 
 void cpu_exec_keep_all(cpu_exec *x, int keep_all) { x->keep_all = keep_all; }

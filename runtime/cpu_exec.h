@@ -14,6 +14,10 @@ typedef struct cpu_exec cpu_exec;
 /* Binds g's param ops to ps by name. NULL with a message in err when a param is missing. */
 cpu_exec *cpu_exec_new(const ir_graph *g, rt_params *ps, char *err, size_t errlen);
 void cpu_exec_free(cpu_exec *x);
+/* The communicator of this rank (data/expert parallelism): all_reduce ops sum over its
+ * groups. Without one, a graph with collectives fails at its first all_reduce. */
+struct comm_world;
+void cpu_exec_set_comm(cpu_exec *x, struct comm_world *w, int rank);
 
 /* Runs the graph once on tokens and labels (batch*seq each). outputs receives the scalar
  * value of each graph output (loss, cross-entropy); step (1-based) sets the learning rate of

@@ -183,6 +183,14 @@ int ck_aux_loss_bwd(const float *logits, /* (T, E) */
                     int64_t T, int64_t E, int64_t k, float coef);
 
 /* Router z-loss: coef * mean_t logsumexp(logits_t)^2. */
+/* This rank's share of the global aux loss (data/expert parallelism): counts[e] = routes to e
+ * over all ranks (T_g = sum(counts) / k tokens in all), f_e = counts[e] / T_g, and P_e the
+ * sum of this rank's T routing probabilities over T_g; the shares of all ranks sum to the
+ * loss of the whole batch. */
+int ck_aux_loss_share_fwd(const float *logits, const int32_t *counts, float *loss, int64_t T, int64_t E, int64_t k,
+                          float coef);
+int ck_aux_loss_share_bwd(const float *logits, const int32_t *counts, float dloss, float *dlogits, int64_t T,
+                          int64_t E, int64_t k, float coef);
 void ck_z_loss_fwd(const float *logits, /* (T, E) */
                    float *loss,         /* () */
                    int64_t T, int64_t E, float coef);

@@ -408,8 +408,17 @@ static int exec_ROUTE_WEIGHTS(gx *x, int id) {
   return ck(x, id, rt_cuda_route_weights_fwd(KX, l->p, V(id, 1)->p, x->val[id].p, l->rows, INCOLS(id, 0), COLS(id)));
 }
 
+/* The parallel forms (a rank's share of a loss over all ranks) and the collectives come with
+ * the NCCL half of issue 7 (docs/parallel.md). */
+static int no_parallel(gx *x, int id) {
+  return fail(x, id, "data/expert parallelism is CPU-only for now (--device cpu; the NCCL path is not written yet)");
+}
+static int exec_LABEL_COUNT(gx *x, int id) { return no_parallel(x, id); }
+static int exec_ALL_REDUCE(gx *x, int id) { return no_parallel(x, id); }
+
 static int exec_AUX_LOSS(gx *x, int id) {
   const dev_value *l = V(id, 0);
+  if (N(id)->n_in == 3) return no_parallel(x, id);
   if (alloc_out(x, id, 1, 0)) return -1;
   return ck(x, id, rt_cuda_aux_loss_fwd(KX, l->p, V(id, 1)->p, x->val[id].p, l->rows, INCOLS(id, 0), INCOLS(id, 1),
                                         (float)ir_get_float(N(id), "coef", 0)));
@@ -417,6 +426,7 @@ static int exec_AUX_LOSS(gx *x, int id) {
 
 static int exec_Z_LOSS(gx *x, int id) {
   const dev_value *l = V(id, 0);
+  if (ir_get_int(N(id), "global_tokens", 0) > 0) return no_parallel(x, id);
   if (alloc_out(x, id, 1, 0)) return -1;
   return ck(x, id, rt_cuda_z_loss_fwd(KX, l->p, x->val[id].p, l->rows, INCOLS(id, 0), (float)ir_get_float(N(id), "coef", 0)));
 }
@@ -460,6 +470,7 @@ ELEMENTWISE_1(SILU_BWD, rt_cuda_silu_bwd(KX, DT(x, id), V(id, 1)->p, a->p, x->va
 
 static int exec_CROSS_ENTROPY(gx *x, int id) {
   const dev_value *l = V(id, 0);
+  if (N(id)->n_in == 3) return no_parallel(x, id);
   if (alloc_out(x, id, 1, 0)) return -1;
   return ck(x, id, rt_cuda_cross_entropy_fwd(KX, DT(x, N(id)->in[0]), l->p, V(id, 1)->p, x->val[id].p, l->rows,
                                              INCOLS(id, 0)));
@@ -534,6 +545,7 @@ static int exec_ROUTE_WEIGHTS_BWD(gx *x, int id) {
 
 static int exec_AUX_LOSS_BWD(gx *x, int id) {
   const dev_value *l = V(id, 1);
+  if (N(id)->n_in == 4) return no_parallel(x, id);
   if (alloc_out(x, id, l->rows, 1)) return -1;
   return ck(x, id, rt_cuda_aux_loss_bwd(KX, l->p, V(id, 2)->p, V(id, 0)->p, x->val[id].p, l->rows, COLS(id),
                                         INCOLS(id, 2), (float)ir_get_float(N(id), "coef", 0)));
@@ -541,6 +553,7 @@ static int exec_AUX_LOSS_BWD(gx *x, int id) {
 
 static int exec_Z_LOSS_BWD(gx *x, int id) {
   const dev_value *l = V(id, 1);
+  if (ir_get_int(N(id), "global_tokens", 0) > 0) return no_parallel(x, id);
   if (alloc_out(x, id, l->rows, 1)) return -1;
   return ck(x, id, rt_cuda_z_loss_bwd(KX, l->p, V(id, 0)->p, x->val[id].p, l->rows, COLS(id),
                                       (float)ir_get_float(N(id), "coef", 0)));
@@ -602,6 +615,7 @@ static int exec_COMBINE_BWD_W(gx *x, int id) {
 
 static int exec_CROSS_ENTROPY_BWD(gx *x, int id) {
   const dev_value *l = V(id, 1);
+  if (N(id)->n_in == 4) return no_parallel(x, id);
   if (alloc_out(x, id, l->rows, 0)) return -1;
   return ck(x, id, rt_cuda_cross_entropy_bwd(KX, DT(x, N(id)->in[1]), l->p, V(id, 2)->p, V(id, 0)->p, x->val[id].p,
                                              l->rows, COLS(id)));

@@ -4,6 +4,7 @@
 #include "train.h"
 
 #include <errno.h>
+#include <pthread.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,6 +13,7 @@
 #include <unistd.h>
 
 #include "ckpt.h"
+#include "comm.h"
 #include "cpu_exec.h"
 #include "cpu_kernels.h"
 #include "data.h"
@@ -192,16 +194,18 @@ static void load_progress(void *ctx, int64_t done, int64_t total) {
 }
 
 /* Mean cross-entropy (nats per base) over validation batches. */
+/* With world ranks, each takes rows [rank * B, (rank + 1) * B) of every global batch of B * world
+ * windows; the graph's outputs are already summed over the ranks. */
 static int validate(executors *ex, const ir_graph *fwd, const data_set *d, int64_t batches, int32_t *tok, int32_t *lab,
-                    double *nats) {
-  int64_t B = fwd->cfg.batch, nval = data_n_windows(d, DATA_VAL);
+                    double *nats, int rank, int world) {
+  int64_t B = fwd->cfg.batch, Bg = B * world, nval = data_n_windows(d, DATA_VAL);
   if (nval == 0) return 1;
-  if (batches * B > nval) batches = (nval + B - 1) / B;
+  if (batches * Bg > nval) batches = (nval + Bg - 1) / Bg;
   double sum = 0;
   char err[1024];
   float out[8];
   for (int64_t b = 0; b < batches; b++) {
-    data_val_batch(d, b * B, B, tok, lab);
+    data_val_batch(d, b * Bg + (int64_t)rank * B, B, tok, lab);
     if (exec_run(ex, 1, tok, lab, 0, out, NULL, err, sizeof err)) {
       fprintf(stderr, "\n%s\n", err);
       return -1;
@@ -216,6 +220,231 @@ static void fmt_eta(double s, char *buf, size_t n) {
   if (!isfinite(s) || s < 0) s = 0;
   long t = (long)(s + 0.5);
   snprintf(buf, n, "%ld:%02ld:%02ld", t / 3600, (t / 60) % 60, t % 60);
+}
+
+/* One rank's training loop (the only rank when ep x dp = 1). Rank 0 prints, logs and writes
+ * checkpoints; every rank takes rows [rank * B, (rank + 1) * B) of each global batch of
+ * B * world sequences, and its graph's collectives meet the other ranks' through comm. */
+typedef struct {
+  const ir_graph *fwd, *step_g;
+  const train_opts *o;
+  const data_set *d;
+  comm_world *comm;
+  int rank, world;
+  int rc;
+} rank_ctx;
+
+static int train_rank(rank_ctx *r) {
+  const ir_graph *fwd = r->fwd, *step_g = r->step_g;
+  const train_opts *o = r->o;
+  const data_set *d = r->d;
+  const moec_config *cfg = &step_g->cfg;
+  char err[2048] = "";
+  int tty = o->progress && r->rank == 0;
+  FILE *msgf = r->rank == 0 ? stderr : NULL;
+  if (!msgf && !(msgf = fopen("/dev/null", "w"))) return 1;
+  int rc = 1;
+  int64_t B = cfg->batch, S = cfg->seq, T = B * S;
+  if (!o->cuda) {
+    /* a model that cannot fit would be killed by the kernel mid-allocation: say so up front */
+    memplan mp;
+    memplan_estimate(step_g, &mp);
+    double ram = (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE);
+    if (ram > 0 && (double)mp.total > ram) {
+      char need[32], have[32];
+      fprintf(msgf, "moec: error: %s needs about %s of memory to train on the CPU (weights, AdamW moments and "
+              "activations), but this machine has %s; train on a GPU (--device cuda), or use a smaller seq or batch "
+              "(--set seq=N, --set batch=N)\n", step_g->model_name, gpu_fmt_bytes((size_t)mp.total, need, sizeof need),
+              gpu_fmt_bytes((size_t)ram, have, sizeof have));
+      if (msgf != stderr) fclose(msgf);
+      return 1;
+    }
+  }
+  if (cfg->ep > 1) {
+    fprintf(msgf, "moec: error: ep = %lld: expert parallelism is not implemented yet (docs/parallel.md, \"What is left\"); "
+                  "use dp = %lld for the same number of ranks\n", (long long)cfg->ep, (long long)r->world);
+    if (msgf != stderr) fclose(msgf);
+    return 1;
+  }
+  rt_params *ps = rt_params_new(step_g, (uint64_t)cfg->seed);
+  executors ex;
+  memset(&ex, 0, sizeof ex);
+  FILE *logf = NULL;
+  int32_t *tok = malloc((size_t)T * sizeof *tok), *lab = malloc((size_t)T * sizeof *lab);
+  if (!ps || !tok || !lab) {
+    fprintf(msgf, "moec: error: out of host memory for the parameters and the batch\n");
+    goto done;
+  }
+  if (o->resume) {
+    if (!o->ckpt_dir) {
+      fprintf(msgf, "moec: error: --resume needs --ckpt-dir DIR (where the checkpoints are)\n");
+      goto done;
+    }
+    if (load_checkpoint(step_g, ps, o->ckpt_dir)) goto done;
+    fprintf(msgf, "resumed from %s at step %lld\n", o->ckpt_dir, (long long)ps->step);
+  }
+  if (o->cuda) {
+    if (!(ex.rt = gpu_runtime_new(ps, o->dump_dir, err, sizeof err))) {
+      fprintf(msgf, "moec: error: --device cuda: %s\n", err);
+      goto done;
+    }
+    if (!(ex.gpu_step = gpu_exec_new(ex.rt, step_g, err, sizeof err)) || !(ex.gpu_fwd = gpu_exec_new(ex.rt, fwd, err, sizeof err))) {
+      fprintf(msgf, "moec: error: --device cuda: %s\n", err);
+      goto done;
+    }
+  } else if (!(ex.cpu_step = cpu_exec_new(step_g, ps, err, sizeof err)) || !(ex.cpu_fwd = cpu_exec_new(fwd, ps, err, sizeof err))) {
+    fprintf(msgf, "moec: internal error: %s\n", err);
+    goto done;
+  } else if (r->comm) {
+    cpu_exec_set_comm(ex.cpu_step, r->comm, r->rank);
+    cpu_exec_set_comm(ex.cpu_fwd, r->comm, r->rank);
+  }
+  if (r->rank == 0 && o->log_path && !(logf = fopen(o->log_path, o->resume ? "a" : "w"))) {
+    fprintf(msgf, "moec: error: --log %s: cannot open for writing: %s\n", o->log_path, strerror(errno));
+    goto done;
+  }
+  int64_t end = cfg->steps;
+  if (o->stop_at >= 0 && o->stop_at < end) end = o->stop_at;
+  if (end <= ps->step) {
+    /* nothing to train (--stop-at 0, or resumed at the end): write the weights as they are */
+    fprintf(msgf, "no steps to run (at step %lld, stopping at %lld)\n", (long long)ps->step, (long long)end);
+    rc = r->rank == 0 && o->ckpt_dir ? save_checkpoint(step_g, ps, o->ckpt_dir, NAN) != 0 : 0;
+    goto done;
+  }
+  int64_t val_batches = o->val_batches > 0 ? o->val_batches : 8;
+  int64_t print_every = (end - ps->step) / 20 > 0 ? (end - ps->step) / 20 : 1;
+  fprintf(msgf, "training %s on %s: %lld parameters, %lld tokens per step, steps %lld..%lld of %lld\n",
+          step_g->model_name, ex.rt ? gpu_runtime_device(ex.rt) : "the CPU", (long long)rt_params_numel(ps), (long long)(T * r->world), (long long)ps->step + 1, (long long)end,
+          (long long)cfg->steps);
+  double t0 = now_s(), loss = NAN, val = NAN;
+  int64_t first = ps->step;
+  rc = 0;
+  while (ps->step < end) {
+    int64_t s = ps->step + 1;
+    double ts = now_s(), gnorm = 0;
+    float out[8];
+    data_train_rows(d, s - 1, B * r->world, (int64_t)r->rank * B, B, tok, lab);
+    if (exec_run(&ex, 0, tok, lab, s, out, &gnorm, err, sizeof err)) {
+      fprintf(msgf, "\n%s\n", err);
+      rc = 1;
+      break;
+    }
+    ps->step = s;
+    loss = out[0];
+    double dt = now_s() - ts, lr = ck_lr_at(s, cfg->steps, cfg->warmup, cfg->lr, cfg->min_lr, cfg->schedule);
+    double tps = (double)(T * r->world) / dt, eta = (now_s() - t0) / (double)(s - first) * (double)(end - s);
+    if (!isfinite(loss)) {
+      fprintf(msgf, "\nmoec: error: step %lld: the loss is %f; lower the learning rate (--set lr=...) or raise warmup\n",
+              (long long)s, loss);
+      rc = 1;
+      break;
+    }
+    if (logf)
+      fprintf(logf, "{\"step\":%lld,\"loss\":%.6f,\"ce\":%.6f,\"lr\":%.6g,\"grad_norm\":%.6g,\"tokens_per_s\":%.1f}\n",
+              (long long)s, loss, (double)out[step_g->n_outputs > 1 ? 1 : 0], lr, gnorm, tps);
+    char etab[32];
+    fmt_eta(eta, etab, sizeof etab);
+    if (tty) {
+      int width = 24, fill = (int)((double)width * (double)s / (double)end);
+      fprintf(msgf, "\r[%.*s%.*s] step %lld/%lld loss %.4f %.0f tok/s ETA %s ", fill,
+              "########################", width - fill, "------------------------", (long long)s, (long long)end, loss,
+              tps, etab);
+    } else if (s % print_every == 0 || s == end) {
+      fprintf(msgf, "step %lld/%lld loss %.4f lr %.3g grad_norm %.3f %.0f tok/s ETA %s\n", (long long)s, (long long)end,
+              loss, lr, gnorm, tps, etab);
+    }
+    int last = s == end;
+    if ((cfg->val_every > 0 && s % cfg->val_every == 0) || last) {
+      int vr = validate(&ex, fwd, d, val_batches, tok, lab, &val, r->rank, r->world);
+      if (vr < 0) {
+        rc = 1;
+        break;
+      }
+      if (vr == 0) {
+        fprintf(msgf, "%sstep %lld: val_loss %.4f nats/base (%.4f bits/base)\n", tty ? "\n" : "", (long long)s, val,
+                val / M_LN2);
+        if (logf) fprintf(logf, "{\"step\":%lld,\"val_loss\":%.6f,\"val_bits\":%.6f}\n", (long long)s, val, val / M_LN2);
+      }
+    }
+    if (logf) fflush(logf);
+    if (r->rank == 0 && o->ckpt_dir && ((o->ckpt_every > 0 && s % o->ckpt_every == 0) || last))
+      if ((ex.rt && gpu_runtime_download(ex.rt, ps, err, sizeof err) != 0 &&
+           fprintf(msgf, "moec: error: %s\n", err) > 0) ||
+          save_checkpoint(step_g, ps, o->ckpt_dir, loss)) {
+        rc = 1;
+        break;
+      }
+  }
+  if (tty) fputs("\n", msgf);
+  if (rc == 0)
+    fprintf(msgf, "done: step %lld, loss %.4f, val_loss %.4f nats/base, %.1fs\n", (long long)ps->step, loss, val,
+            now_s() - t0);
+  if (rc == 0 && ex.rt) {
+    char b[32];
+    memplan mp;
+    memplan_estimate(step_g, &mp);
+    char pb[32];
+    fprintf(msgf, "peak GPU memory: %s (predicted from liveness: %s)\n", gpu_fmt_bytes(gpu_runtime_peak_bytes(ex.rt), b, sizeof b),
+            gpu_fmt_bytes((size_t)mp.total, pb, sizeof pb));
+  }
+done:
+  if (logf && fclose(logf) != 0) {
+    fprintf(msgf, "moec: error: --log %s: write failed: %s\n", o->log_path, strerror(errno));
+    rc = 1;
+  }
+  executors_free(&ex);
+  rt_params_free(ps);
+  free(tok);
+  free(lab);
+  if (msgf != stderr) fclose(msgf);
+  if (rc && r->comm) comm_abort(r->comm, r->rank, err[0] ? err : "training stopped");
+  return rc;
+}
+
+static void *rank_main(void *p) {
+  rank_ctx *r = p;
+  r->rc = train_rank(r);
+  return NULL;
+}
+
+/* ep x dp ranks as threads of this process, through the in-process communicator. */
+static int train_ranks(const ir_graph *fwd, const ir_graph *step_g, const train_opts *o, const data_set *d, int64_t world) {
+  if (o->cuda) {
+    fprintf(stderr, "moec: error: ep x dp = %lld ranks run on the CPU for now (--device cpu); the NCCL path is not written yet\n",
+            (long long)world);
+    return 1;
+  }
+  const char *t = getenv("MOEC_COMM_TIMEOUT");
+  double timeout = t && atof(t) > 0 ? atof(t) : 600;
+  comm_world *w = comm_world_new((int)step_g->cfg.ep, (int)step_g->cfg.dp, timeout);
+  rank_ctx *r = calloc((size_t)world, sizeof *r);
+  pthread_t *th = calloc((size_t)world, sizeof *th);
+  if (!w || !r || !th) {
+    fprintf(stderr, "moec: error: out of host memory for %lld ranks\n", (long long)world);
+    comm_world_free(w);
+    free(r);
+    free(th);
+    return 1;
+  }
+  fprintf(stderr, "ranks: %lld (ep %lld x dp %lld) as threads of this process, %lld sequences each\n", (long long)world,
+          (long long)step_g->cfg.ep, (long long)step_g->cfg.dp, (long long)step_g->cfg.batch);
+  int64_t started = 0;
+  for (; started < world; started++) {
+    r[started] = (rank_ctx){fwd, step_g, o, d, w, (int)started, (int)world, 1};
+    if (pthread_create(&th[started], NULL, rank_main, &r[started]) != 0) {
+      comm_abort(w, (int)started, "could not start its thread");
+      break;
+    }
+  }
+  int rc = started < world;
+  for (int64_t i = 0; i < started; i++) {
+    pthread_join(th[i], NULL);
+    rc |= r[i].rc;
+  }
+  comm_world_free(w);
+  free(r);
+  free(th);
+  return rc;
 }
 
 int moec_train(const ir_graph *fwd, const ir_graph *step_g, const train_opts *o) {
@@ -241,150 +470,15 @@ int moec_train(const ir_graph *fwd, const ir_graph *step_g, const train_opts *o)
           (long long)data_n_records(d), (long long)data_n_bases(d, DATA_TRAIN), (long long)data_n_bases(d, DATA_VAL),
           (long long)data_n_windows(d, DATA_TRAIN), (long long)cfg->seq, now_s() - t_load);
 
-  int rc = 1;
-  int64_t B = cfg->batch, S = cfg->seq, T = B * S;
-  if (!o->cuda) {
-    /* a model that cannot fit would be killed by the kernel mid-allocation: say so up front */
-    memplan mp;
-    memplan_estimate(step_g, &mp);
-    double ram = (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE);
-    if (ram > 0 && (double)mp.total > ram) {
-      char need[32], have[32];
-      fprintf(stderr, "moec: error: %s needs about %s of memory to train on the CPU (weights, AdamW moments and "
-              "activations), but this machine has %s; train on a GPU (--device cuda), or use a smaller seq or batch "
-              "(--set seq=N, --set batch=N)\n", step_g->model_name, gpu_fmt_bytes((size_t)mp.total, need, sizeof need),
-              gpu_fmt_bytes((size_t)ram, have, sizeof have));
-      data_close(d);
-      return 1;
-    }
+  int rc;
+  int64_t world = cfg->ep * cfg->dp;
+  if (world <= 1) {
+    rank_ctx r = {fwd, step_g, o, d, NULL, 0, 1, 0};
+    rc = train_rank(&r);
+  } else {
+    rc = train_ranks(fwd, step_g, o, d, world);
   }
-  rt_params *ps = rt_params_new(step_g, (uint64_t)cfg->seed);
-  executors ex;
-  memset(&ex, 0, sizeof ex);
-  FILE *logf = NULL;
-  int32_t *tok = malloc((size_t)T * sizeof *tok), *lab = malloc((size_t)T * sizeof *lab);
-  if (!ps || !tok || !lab) {
-    fprintf(stderr, "moec: error: out of host memory for the parameters and the batch\n");
-    goto done;
-  }
-  if (o->resume) {
-    if (!o->ckpt_dir) {
-      fprintf(stderr, "moec: error: --resume needs --ckpt-dir DIR (where the checkpoints are)\n");
-      goto done;
-    }
-    if (load_checkpoint(step_g, ps, o->ckpt_dir)) goto done;
-    fprintf(stderr, "resumed from %s at step %lld\n", o->ckpt_dir, (long long)ps->step);
-  }
-  if (o->cuda) {
-    if (!(ex.rt = gpu_runtime_new(ps, o->dump_dir, err, sizeof err))) {
-      fprintf(stderr, "moec: error: --device cuda: %s\n", err);
-      goto done;
-    }
-    if (!(ex.gpu_step = gpu_exec_new(ex.rt, step_g, err, sizeof err)) || !(ex.gpu_fwd = gpu_exec_new(ex.rt, fwd, err, sizeof err))) {
-      fprintf(stderr, "moec: error: --device cuda: %s\n", err);
-      goto done;
-    }
-  } else if (!(ex.cpu_step = cpu_exec_new(step_g, ps, err, sizeof err)) || !(ex.cpu_fwd = cpu_exec_new(fwd, ps, err, sizeof err))) {
-    fprintf(stderr, "moec: internal error: %s\n", err);
-    goto done;
-  }
-  if (o->log_path && !(logf = fopen(o->log_path, o->resume ? "a" : "w"))) {
-    fprintf(stderr, "moec: error: --log %s: cannot open for writing: %s\n", o->log_path, strerror(errno));
-    goto done;
-  }
-  int64_t end = cfg->steps;
-  if (o->stop_at >= 0 && o->stop_at < end) end = o->stop_at;
-  if (end <= ps->step) {
-    /* nothing to train (--stop-at 0, or resumed at the end): write the weights as they are */
-    fprintf(stderr, "no steps to run (at step %lld, stopping at %lld)\n", (long long)ps->step, (long long)end);
-    rc = o->ckpt_dir ? save_checkpoint(step_g, ps, o->ckpt_dir, NAN) != 0 : 0;
-    goto done;
-  }
-  int64_t val_batches = o->val_batches > 0 ? o->val_batches : 8;
-  int64_t print_every = (end - ps->step) / 20 > 0 ? (end - ps->step) / 20 : 1;
-  fprintf(stderr, "training %s on %s: %lld parameters, %lld tokens per step, steps %lld..%lld of %lld\n",
-          step_g->model_name, ex.rt ? gpu_runtime_device(ex.rt) : "the CPU", (long long)rt_params_numel(ps), (long long)T, (long long)ps->step + 1, (long long)end,
-          (long long)cfg->steps);
-  double t0 = now_s(), loss = NAN, val = NAN;
-  int64_t first = ps->step;
-  rc = 0;
-  while (ps->step < end) {
-    int64_t s = ps->step + 1;
-    double ts = now_s(), gnorm = 0;
-    float out[8];
-    data_train_batch(d, s - 1, B, tok, lab);
-    if (exec_run(&ex, 0, tok, lab, s, out, &gnorm, err, sizeof err)) {
-      fprintf(stderr, "\n%s\n", err);
-      rc = 1;
-      break;
-    }
-    ps->step = s;
-    loss = out[0];
-    double dt = now_s() - ts, lr = ck_lr_at(s, cfg->steps, cfg->warmup, cfg->lr, cfg->min_lr, cfg->schedule);
-    double tps = (double)T / dt, eta = (now_s() - t0) / (double)(s - first) * (double)(end - s);
-    if (!isfinite(loss)) {
-      fprintf(stderr, "\nmoec: error: step %lld: the loss is %f; lower the learning rate (--set lr=...) or raise warmup\n",
-              (long long)s, loss);
-      rc = 1;
-      break;
-    }
-    if (logf)
-      fprintf(logf, "{\"step\":%lld,\"loss\":%.6f,\"ce\":%.6f,\"lr\":%.6g,\"grad_norm\":%.6g,\"tokens_per_s\":%.1f}\n",
-              (long long)s, loss, (double)out[step_g->n_outputs > 1 ? 1 : 0], lr, gnorm, tps);
-    char etab[32];
-    fmt_eta(eta, etab, sizeof etab);
-    if (tty) {
-      int width = 24, fill = (int)((double)width * (double)s / (double)end);
-      fprintf(stderr, "\r[%.*s%.*s] step %lld/%lld loss %.4f %.0f tok/s ETA %s ", fill,
-              "########################", width - fill, "------------------------", (long long)s, (long long)end, loss,
-              tps, etab);
-    } else if (s % print_every == 0 || s == end) {
-      fprintf(stderr, "step %lld/%lld loss %.4f lr %.3g grad_norm %.3f %.0f tok/s ETA %s\n", (long long)s, (long long)end,
-              loss, lr, gnorm, tps, etab);
-    }
-    int last = s == end;
-    if ((cfg->val_every > 0 && s % cfg->val_every == 0) || last) {
-      int vr = validate(&ex, fwd, d, val_batches, tok, lab, &val);
-      if (vr < 0) {
-        rc = 1;
-        break;
-      }
-      if (vr == 0) {
-        fprintf(stderr, "%sstep %lld: val_loss %.4f nats/base (%.4f bits/base)\n", tty ? "\n" : "", (long long)s, val,
-                val / M_LN2);
-        if (logf) fprintf(logf, "{\"step\":%lld,\"val_loss\":%.6f,\"val_bits\":%.6f}\n", (long long)s, val, val / M_LN2);
-      }
-    }
-    if (logf) fflush(logf);
-    if (o->ckpt_dir && ((o->ckpt_every > 0 && s % o->ckpt_every == 0) || last))
-      if ((ex.rt && gpu_runtime_download(ex.rt, ps, err, sizeof err) != 0 &&
-           fprintf(stderr, "moec: error: %s\n", err) > 0) ||
-          save_checkpoint(step_g, ps, o->ckpt_dir, loss)) {
-        rc = 1;
-        break;
-      }
-  }
-  if (tty) fputs("\n", stderr);
-  if (rc == 0)
-    fprintf(stderr, "done: step %lld, loss %.4f, val_loss %.4f nats/base, %.1fs\n", (long long)ps->step, loss, val,
-            now_s() - t0);
-  if (rc == 0 && ex.rt) {
-    char b[32];
-    memplan mp;
-    memplan_estimate(step_g, &mp);
-    char pb[32];
-    fprintf(stderr, "peak GPU memory: %s (predicted from liveness: %s)\n", gpu_fmt_bytes(gpu_runtime_peak_bytes(ex.rt), b, sizeof b),
-            gpu_fmt_bytes((size_t)mp.total, pb, sizeof pb));
-  }
-done:
-  if (logf && fclose(logf) != 0) {
-    fprintf(stderr, "moec: error: --log %s: write failed: %s\n", o->log_path, strerror(errno));
-    rc = 1;
-  }
-  executors_free(&ex);
-  rt_params_free(ps);
-  free(tok);
-  free(lab);
   data_close(d);
   return rc;
 }
+

@@ -1,0 +1,68 @@
+/* sync.c -- the collectives after autodiff in a data-parallel step (docs/parallel.md):
+ *
+ *   g_p' = all_reduce(g_p) {world}   every parameter gradient, before grad_norm and adamw
+ *                                    ({dp} for expert parameters once experts are sharded)
+ *   out' = all_reduce(out) {world}   every graph output (the loss shares -> the global loss)
+ *
+ * The parallelize pass made each rank's loss its share of the global loss, so the sum of the
+ * ranks' gradients is the gradient of the whole batch, and grad_norm over the summed gradients
+ * is the global norm on every rank. Does nothing when world = 1. */
+#include <stdlib.h>
+
+#include "pipeline.h"
+#include "rewrite.h"
+
+int pass_sync(ir_graph **gp, FILE *err) {
+  ir_graph *g = *gp;
+  int64_t ep = g->cfg.ep > 0 ? g->cfg.ep : 1, dp = g->cfg.dp > 0 ? g->cfg.dp : 1;
+  if (ep * dp == 1 || ep > 1) return 0; /* ep > 1: not yet, like parallelize */
+  int *param_of = malloc(((size_t)g->n_nodes + 1) * sizeof *param_of), *reduced = malloc(((size_t)g->n_nodes + 1) * sizeof *reduced);
+  if (!param_of || !reduced) {
+    free(param_of);
+    free(reduced);
+    fprintf(err, "moec: error: out of memory in sync\n");
+    return -1;
+  }
+  for (int id = 0; id < g->n_nodes; id++) param_of[id] = reduced[id] = -1;
+  for (int id = 0; id < g->n_nodes; id++)
+    if (g->nodes[id].op == OP_ADAMW) param_of[g->nodes[id].in[1]] = g->nodes[id].in[0];
+  rw_ctx r;
+  if (rw_begin(&r, g, "sync", err)) {
+    free(param_of);
+    free(reduced);
+    return -1;
+  }
+  for (int id = 0; id < g->n_nodes && !r.failed; id++) {
+    const ir_node *n = &g->nodes[id];
+    if (n->op != OP_GRAD_NORM && n->op != OP_ADAMW) {
+      rw_copy(&r, id);
+      continue;
+    }
+    int *in = malloc((size_t)n->n_in * sizeof *in);
+    if (!in) abort();
+    for (int j = 0; j < n->n_in; j++) {
+      int v = n->in[j];
+      in[j] = r.map[v];
+      if (param_of[v] < 0 || (n->op == OP_ADAMW && j != 1)) continue;
+      if (reduced[v] < 0) {
+        int expert = ir_get_int(&g->nodes[param_of[v]], "expert", -1) >= 0 && ep > 1;
+        ir_attr grp = ir_attr_str("group", expert ? "dp" : "world");
+        reduced[v] = rw_emit(&r, OP_ALL_REDUCE, &in[j], 1, &grp, 1, g->nodes[param_of[v]].loc);
+      }
+      in[j] = reduced[v];
+    }
+    rw_copy_operands(&r, id, in, n->n_in);
+    free(in);
+  }
+  ir_attr world = ir_attr_str("group", "world");
+  for (int i = 0; i < g->n_outputs && !r.failed; i++) {
+    int v = g->outputs[i], nv = rw_emit(&r, OP_ALL_REDUCE, &r.map[v], 1, &world, 1, g->nodes[v].loc);
+    if (nv >= 0) {
+      ir_set_note(r.g, nv, "sync: the sum of every rank's share");
+      r.map[v] = nv;
+    }
+  }
+  free(param_of);
+  free(reduced);
+  return rw_finish(&r, gp);
+}
