@@ -94,72 +94,14 @@ static void count_routes(const int32_t *idx, int64_t n, int64_t E, double *c) {
   for (int64_t i = 0; i < n; i++) c[idx[i]] += 1.0;
 }
 
-int ck_aux_loss_fwd(const float *logits, const int32_t *idx, float *loss, int64_t T,
-                    int64_t E, int64_t k, float coef) {
-  if (!ck_ids_ok(idx, T * k, E)) return CK_EINDEX;
-  if (T == 0) {
+/* The load-balancing loss over these T rows, given the routed counts c (E) and the global
+ * token count Tg (T itself on one rank; all ranks' tokens under data parallelism):
+ *   loss = coef E sum_e (c_e / Tg) (P_e / Tg),  P_e = sum_t softmax(logits_t)_e. */
+static int aux_fwd(const float *logits, const double *c, int64_t T, int64_t E, double Tg, float coef, float *loss) {
+  if (T == 0 || Tg <= 0) {
     *loss = 0.0f;
     return CK_OK;
   }
-  double *c = malloc((size_t)(2 * E) * sizeof(double)), *P = c + E;
-  float *p = malloc((size_t)E * sizeof(float));
-  if (!c || !p) {
-    free(c);
-    free(p);
-    return CK_ENOMEM;
-  }
-  count_routes(idx, T * k, E, c);
-  for (int64_t e = 0; e < E; e++) P[e] = 0.0;
-  for (int64_t t = 0; t < T; t++) {
-    ck_softmax_rows(logits + t * E, p, 1, E);
-    for (int64_t e = 0; e < E; e++) P[e] += p[e];
-  }
-  double s = 0.0;
-  for (int64_t e = 0; e < E; e++) s += (c[e] / (double)T) * (P[e] / (double)T);
-  *loss = (float)((double)coef * (double)E * s);
-  free(c);
-  free(p);
-  return CK_OK;
-}
-
-/* loss = sum_e a_e P_e with a_e = coef E c_e / T (constant: ids are not differentiable), and
- * dP_e / dl[t,e'] = p[t,e] (delta_ee' - p[t,e']) / T, so
- *   dlogits[t,e'] += dloss p[t,e'] (a_e' - sum_e a_e p[t,e]) / T. */
-int ck_aux_loss_bwd(const float *logits, const int32_t *idx, float dloss, float *dlogits,
-                    int64_t T, int64_t E, int64_t k, float coef) {
-  if (!ck_ids_ok(idx, T * k, E)) return CK_EINDEX;
-  if (T == 0) return CK_OK;
-  double *a = malloc((size_t)E * sizeof(double));
-  float *p = malloc((size_t)E * sizeof(float));
-  if (!a || !p) {
-    free(a);
-    free(p);
-    return CK_ENOMEM;
-  }
-  count_routes(idx, T * k, E, a);
-  for (int64_t e = 0; e < E; e++) a[e] *= (double)coef * (double)E / (double)T;
-  const double f = (double)dloss / (double)T;
-  for (int64_t t = 0; t < T; t++) {
-    ck_softmax_rows(logits + t * E, p, 1, E);
-    double ap = 0.0;
-    for (int64_t e = 0; e < E; e++) ap += a[e] * p[e];
-    float *dl = dlogits + t * E;
-    for (int64_t e = 0; e < E; e++) dl[e] += (float)(f * p[e] * (a[e] - ap));
-  }
-  free(a);
-  free(p);
-  return CK_OK;
-}
-
-static double global_tokens(const int32_t *counts, int64_t E, int64_t k) {
-  double n = 0;
-  for (int64_t e = 0; e < E; e++) n += counts[e];
-  return n / (double)k;
-}
-
-int ck_aux_loss_share_fwd(const float *logits, const int32_t *counts, float *loss, int64_t T, int64_t E, int64_t k,
-                          float coef) {
-  double Tg = global_tokens(counts, E, k);
   double *P = malloc((size_t)E * sizeof(double));
   float *p = malloc((size_t)E * sizeof(float));
   if (!P || !p) {
@@ -173,16 +115,18 @@ int ck_aux_loss_share_fwd(const float *logits, const int32_t *counts, float *los
     for (int64_t e = 0; e < E; e++) P[e] += p[e];
   }
   double s = 0.0;
-  for (int64_t e = 0; Tg > 0 && e < E; e++) s += ((double)counts[e] / Tg) * (P[e] / Tg);
+  for (int64_t e = 0; e < E; e++) s += (c[e] / Tg) * (P[e] / Tg);
   *loss = (float)((double)coef * (double)E * s);
   free(P);
   free(p);
   return CK_OK;
 }
 
-int ck_aux_loss_share_bwd(const float *logits, const int32_t *counts, float dloss, float *dlogits, int64_t T,
-                          int64_t E, int64_t k, float coef) {
-  double Tg = global_tokens(counts, E, k);
+/* loss = sum_e a_e P_e with a_e = coef E c_e / Tg (constant: ids are not differentiable), and
+ * dP_e / dl[t,e'] = p[t,e] (delta_ee' - p[t,e']), so
+ *   dlogits[t,e'] += dloss p[t,e'] (a_e' - sum_e a_e p[t,e]) / Tg. */
+static int aux_bwd(const float *logits, const double *c, int64_t T, int64_t E, double Tg, float coef, float dloss,
+                   float *dlogits) {
   if (T == 0 || Tg <= 0) return CK_OK;
   double *a = malloc((size_t)E * sizeof(double));
   float *p = malloc((size_t)E * sizeof(float));
@@ -191,7 +135,7 @@ int ck_aux_loss_share_bwd(const float *logits, const int32_t *counts, float dlos
     free(p);
     return CK_ENOMEM;
   }
-  for (int64_t e = 0; e < E; e++) a[e] = (double)coef * (double)E * (double)counts[e] / Tg;
+  for (int64_t e = 0; e < E; e++) a[e] = c[e] * ((double)coef * (double)E / Tg);
   const double f = (double)dloss / Tg;
   for (int64_t t = 0; t < T; t++) {
     ck_softmax_rows(logits + t * E, p, 1, E);
@@ -203,6 +147,57 @@ int ck_aux_loss_share_bwd(const float *logits, const int32_t *counts, float dlos
   free(a);
   free(p);
   return CK_OK;
+}
+
+/* Counts as doubles: from the routing ids of these rows, or from given (global) counts. */
+static double *counts_of_ids(const int32_t *idx, int64_t n, int64_t E) {
+  double *c = malloc((size_t)(E > 0 ? E : 1) * sizeof(double));
+  if (c) count_routes(idx, n, E, c);
+  return c;
+}
+
+static double *counts_given(const int32_t *counts, int64_t E, int64_t k, double *Tg) {
+  double *c = malloc((size_t)(E > 0 ? E : 1) * sizeof(double));
+  double n = 0;
+  for (int64_t e = 0; c && e < E; e++) n += c[e] = counts[e];
+  *Tg = n / (double)k; /* every token is routed k times */
+  return c;
+}
+
+int ck_aux_loss_fwd(const float *logits, const int32_t *idx, float *loss, int64_t T, int64_t E, int64_t k,
+                    float coef) {
+  if (!ck_ids_ok(idx, T * k, E)) return CK_EINDEX;
+  double *c = counts_of_ids(idx, T * k, E);
+  int rc = c ? aux_fwd(logits, c, T, E, (double)T, coef, loss) : CK_ENOMEM;
+  free(c);
+  return rc;
+}
+
+int ck_aux_loss_bwd(const float *logits, const int32_t *idx, float dloss, float *dlogits, int64_t T, int64_t E,
+                    int64_t k, float coef) {
+  if (!ck_ids_ok(idx, T * k, E)) return CK_EINDEX;
+  double *c = counts_of_ids(idx, T * k, E);
+  int rc = c ? aux_bwd(logits, c, T, E, (double)T, coef, dloss, dlogits) : CK_ENOMEM;
+  free(c);
+  return rc;
+}
+
+int ck_aux_loss_share_fwd(const float *logits, const int32_t *counts, float *loss, int64_t T, int64_t E, int64_t k,
+                          float coef) {
+  double Tg;
+  double *c = counts_given(counts, E, k, &Tg);
+  int rc = c ? aux_fwd(logits, c, T, E, Tg, coef, loss) : CK_ENOMEM;
+  free(c);
+  return rc;
+}
+
+int ck_aux_loss_share_bwd(const float *logits, const int32_t *counts, float dloss, float *dlogits, int64_t T,
+                          int64_t E, int64_t k, float coef) {
+  double Tg;
+  double *c = counts_given(counts, E, k, &Tg);
+  int rc = c ? aux_bwd(logits, c, T, E, Tg, coef, dloss, dlogits) : CK_ENOMEM;
+  free(c);
+  return rc;
 }
 
 void ck_z_loss_fwd(const float *logits, float *loss, int64_t T, int64_t E, float coef) {
