@@ -105,7 +105,7 @@ static ir_graph *load_model_ex(const cli *c, moec_sources *record, int split) {
   ir_graph *g = moec_frontend_load_ex(c->file, c->sets, c->n_sets, stderr, from, record);
   if (!g || record || !split) return g;
   int64_t world = g->cfg.ep * g->cfg.dp, batch = g->cfg.batch;
-  if (world <= 1 || g->cfg.ep > 1) return g; /* expert parallelism: not yet (the parallelize pass says so) */
+  if (world <= 1) return g;
   ir_graph_free(g);
   if (batch % world) {
     fprintf(stderr, "moec: error: batch = %" PRId64 " is not a multiple of ep x dp = %" PRId64
@@ -332,22 +332,38 @@ static int cmd_train(int argc, char **argv) {
     c.pipe.disable = gpu_disable;
     fprintf(stderr, "moec: note: --device cuda: group-linear, grouped-mlp and mxfp8 are off (no GPU kernels for their ops yet)\n");
   }
-  ir_graph *fwd = load_rank_model(&c);
-  if (!fwd) return 1;
-  ir_graph *step = load_rank_model(&c);
+  /* one graph pair per EP rank (each keeps its own experts); DP ranks share them */
+  ir_graph *probe = load_rank_model(&c);
+  if (!probe) return 1;
+  int ep = probe->cfg.ep > 1 ? (int)probe->cfg.ep : 1;
+  ir_graph_free(probe);
+  ir_graph **fwd = calloc((size_t)ep, sizeof *fwd), **step = calloc((size_t)ep, sizeof *step);
   /* the forward graph (validation) takes the same passes, without autodiff, and is not dumped */
   char fwd_disable[1024];
   snprintf(fwd_disable, sizeof fwd_disable, "%s%sautodiff", c.pipe.disable ? c.pipe.disable : "", c.pipe.disable ? "," : "");
   pipeline_opts fwd_opts = {.passes = c.pipe.passes, .disable = fwd_disable, .dump = stdout};
   c.pipe.train = 1;
-  int rc = 1;
-  if (step && pipeline_run(&fwd, &fwd_opts, stderr) == 0 && pipeline_run(&step, &c.pipe, stderr) == 0) {
+  pipeline_opts quiet = {.passes = c.pipe.passes, .disable = c.pipe.disable, .dump = stdout, .train = 1};
+  int rc = 1, ok = fwd && step;
+  for (int e = 0; ok && e < ep; e++) {
+    fwd[e] = load_rank_model(&c);
+    step[e] = load_rank_model(&c);
+    ok = fwd[e] && step[e];
+    if (!ok) break;
+    fwd[e]->cfg.ep_rank = step[e]->cfg.ep_rank = e;
+    ok = pipeline_run(&fwd[e], &fwd_opts, stderr) == 0 && pipeline_run(&step[e], e ? &quiet : &c.pipe, stderr) == 0;
+  }
+  if (ok) {
     c.train.moe_path = c.file;
     c.train.progress = isatty(STDERR_FILENO);
-    rc = moec_train(fwd, step, &c.train);
+    rc = moec_train((const ir_graph *const *)fwd, (const ir_graph *const *)step, &c.train);
   }
-  ir_graph_free(fwd);
-  ir_graph_free(step);
+  for (int e = 0; fwd && step && e < ep; e++) {
+    ir_graph_free(fwd[e]);
+    ir_graph_free(step[e]);
+  }
+  free(fwd);
+  free(step);
   return rc;
 }
 

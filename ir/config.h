@@ -25,6 +25,7 @@ typedef struct {
   moec_precision precision;
   int64_t mx_block;   /* 32 or 128 when precision is mxfp8 */
   int64_t ep, dp;     /* expert- and data-parallel group sizes */
+  int64_t ep_rank;    /* this rank's index in its EP group (set by the driver, not by files): parallelize keeps its experts */
   int64_t stride;     /* window stride in bases (seq - overlap) */
   double val_fraction; /* held-out share of each record, by region */
   int64_t val_every;   /* validate every N steps (0: only at the end) */

@@ -651,6 +651,39 @@ static int shape_ALL_REDUCE(shape_ctx *c) {
   return 0;
 }
 
+/* The EP collectives: experts and ep attributes, counts i32[E]. */
+static int want_ep(shape_ctx *c, int i, int64_t *E, int64_t *ep) {
+  if (want_attr_pos(c, "experts", E) || want_attr_pos(c, "ep", ep)) return -1;
+  if (*E % *ep) return fail(c, "experts = %lld is not a multiple of ep = %lld", (long long)*E, (long long)*ep);
+  int64_t r = ir_get_int(c->n, "ep_rank", -1);
+  if (r < 0 || r >= *ep) return fail(c, "needs an 'ep_rank' attribute in [0, ep)");
+  return want_counts(c, i, *E);
+}
+
+static int shape_EP_ALL_TO_ALL(shape_ctx *c) {
+  int64_t E, ep;
+  if (want_matrix(c, 0, "x") || want_ep(c, 1, &E, &ep)) return -1;
+  const ir_type *x = OPERAND(c, 0), *t = &c->n->type;
+  if (ir_get_int(c->n, "reverse", 0)) {
+    int64_t rows;
+    if (want_attr_pos(c, "rows", &rows)) return -1;
+    *c->out = make(x->dtype, 2, rows, x->dims[1]);
+    return 0;
+  }
+  if (t->rank != 2 || t->dims[1] != x->dims[1] || t->dtype != x->dtype)
+    return fail(c, "result must be %s[rows, %lld], with its run-time row count given by the builder", ir_dtype_name(x->dtype),
+                (long long)x->dims[1]);
+  *c->out = *t;
+  return 0;
+}
+
+static int shape_EP_LOCAL_COUNTS(shape_ctx *c) {
+  int64_t E, ep;
+  if (want_ep(c, 0, &E, &ep)) return -1;
+  *c->out = make(DT_I32, 1, E / ep, 0);
+  return 0;
+}
+
 typedef int (*shape_fn)(shape_ctx *);
 static const shape_fn shape_rules[] = {
 #define OP(id, name, min_in, max_in, cg) [OP_##id] = shape_##id,

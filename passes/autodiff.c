@@ -259,6 +259,18 @@ static void grad_ALL_REDUCE(ad_ctx *c) {
   acc(c, IN(0), emit(c, OP_ALL_REDUCE, &c->dy, 1, NODE->attrs, NODE->n_attrs));
 }
 
+/* The EP exchange is a permutation of rows across ranks: its gradient is the reverse exchange
+ * with the same counts (forward <-> reverse). */
+static void grad_EP_ALL_TO_ALL(ad_ctx *c) {
+  int rev = (int)ir_get_int(NODE, "reverse", 0);
+  ir_attr a[] = {ir_attr_int("experts", ir_get_int(NODE, "experts", 0)), ir_attr_int("ep", ir_get_int(NODE, "ep", 0)),
+                 ir_attr_int("ep_rank", ir_get_int(NODE, "ep_rank", -1)), ir_attr_int("reverse", !rev),
+                 ir_attr_int("rows", type_of(c, IN(0))->dims[0])};
+  int in[] = {c->dy, IN(1)};
+  acc(c, IN(0), rev ? emit_typed(c, OP_EP_ALL_TO_ALL, in, 2, a, 4, *type_of(c, IN(0))) : emit(c, OP_EP_ALL_TO_ALL, in, 2, a, 5));
+}
+static void grad_EP_LOCAL_COUNTS(ad_ctx *c) { no_inputs(c); }
+
 /* Backward and optimizer ops are never differentiated again. */
 #define NOT_DIFF(ID) static void grad_##ID(ad_ctx *c) { not_differentiable(c); }
 NOT_DIFF(FILL) NOT_DIFF(MATMUL) NOT_DIFF(COLSUM) NOT_DIFF(EMBEDDING_BWD) NOT_DIFF(RMSNORM_BWD_X)

@@ -1,21 +1,55 @@
 /* sync.c -- the collectives after autodiff in a data-parallel step (docs/parallel.md):
  *
  *   g_p' = all_reduce(g_p) {world}   every parameter gradient, before grad_norm and adamw
- *                                    ({dp} for expert parameters once experts are sharded)
+ *                                    ({dp} for expert parameters when ep > 1)
  *   out' = all_reduce(out) {world}   every graph output (the loss shares -> the global loss)
  *
  * The parallelize pass made each rank's loss its share of the global loss, so the sum of the
  * ranks' gradients is the gradient of the whole batch, and grad_norm over the summed gradients
- * is the global norm on every rank. Does nothing when world = 1. */
+ * is the global norm on every rank. With ep > 1 the expert gradients are summed over {dp}
+ * only (each EP rank holds other experts) and grad_norm adds the EP group's expert squares.
+ * Does nothing when world = 1. */
 #include <stdlib.h>
 
 #include "pipeline.h"
 #include "rewrite.h"
 
+/* The reduced gradient of old value v (a parameter's gradient), emitted once. */
+static int reduce(rw_ctx *r, int v, const int *param_of, int *reduced, int64_t ep) {
+  const ir_graph *g = r->old;
+  if (reduced[v] < 0) {
+    int expert = ir_get_int(&g->nodes[param_of[v]], "expert", -1) >= 0 && ep > 1;
+    ir_attr grp = ir_attr_str("group", expert ? "dp" : "world");
+    reduced[v] = rw_emit(r, OP_ALL_REDUCE, &r->map[v], 1, &grp, 1, g->nodes[param_of[v]].loc);
+  }
+  return reduced[v];
+}
+
+/* With sharded experts: grad_norm(dense.., expert..) {expert_from = k}, so the executor adds
+ * the EP group's expert squares: sqrt(dense^2 + all_reduce{ep}(expert^2)), the one-rank norm. */
+static void grad_norm_ep(rw_ctx *r, int id, const int *param_of, int *reduced) {
+  const ir_node *n = &r->old->nodes[id];
+  int *in = malloc((size_t)n->n_in * sizeof *in), k = 0;
+  if (!in) abort();
+  for (int pass = 0; pass < 2; pass++)
+    for (int j = 0; j < n->n_in; j++) {
+      int v = n->in[j], expert = param_of[v] >= 0 && ir_get_int(&r->old->nodes[param_of[v]], "expert", -1) >= 0;
+      if (expert != pass) continue;
+      in[k++] = param_of[v] >= 0 ? reduce(r, v, param_of, reduced, r->old->cfg.ep) : r->map[v];
+    }
+  int dense = 0;
+  for (int j = 0; j < n->n_in; j++)
+    dense += !(param_of[n->in[j]] >= 0 && ir_get_int(&r->old->nodes[param_of[n->in[j]]], "expert", -1) >= 0);
+  ir_attr a = ir_attr_int("expert_from", dense);
+  int v = rw_copy_full(r, id, in, n->n_in, &a, 1);
+  if (v >= 0) ir_set_note(r->g, v, "sync: sqrt(dense^2 + all_reduce{ep}(expert^2)): the norm over every expert");
+  free(in);
+}
+
 int pass_sync(ir_graph **gp, FILE *err) {
   ir_graph *g = *gp;
   int64_t ep = g->cfg.ep > 0 ? g->cfg.ep : 1, dp = g->cfg.dp > 0 ? g->cfg.dp : 1;
-  if (ep * dp == 1 || ep > 1) return 0; /* ep > 1: not yet, like parallelize */
+  if (ep * dp == 1) return 0;
   int *param_of = malloc(((size_t)g->n_nodes + 1) * sizeof *param_of), *reduced = malloc(((size_t)g->n_nodes + 1) * sizeof *reduced);
   if (!param_of || !reduced) {
     free(param_of);
@@ -38,18 +72,17 @@ int pass_sync(ir_graph **gp, FILE *err) {
       rw_copy(&r, id);
       continue;
     }
+    if (n->op == OP_GRAD_NORM && ep > 1) {
+      grad_norm_ep(&r, id, param_of, reduced);
+      continue;
+    }
     int *in = malloc((size_t)n->n_in * sizeof *in);
     if (!in) abort();
     for (int j = 0; j < n->n_in; j++) {
       int v = n->in[j];
       in[j] = r.map[v];
       if (param_of[v] < 0 || (n->op == OP_ADAMW && j != 1)) continue;
-      if (reduced[v] < 0) {
-        int expert = ir_get_int(&g->nodes[param_of[v]], "expert", -1) >= 0 && ep > 1;
-        ir_attr grp = ir_attr_str("group", expert ? "dp" : "world");
-        reduced[v] = rw_emit(&r, OP_ALL_REDUCE, &in[j], 1, &grp, 1, g->nodes[param_of[v]].loc);
-      }
-      in[j] = reduced[v];
+      in[j] = reduce(&r, v, param_of, reduced, ep);
     }
     rw_copy_operands(&r, id, in, n->n_in);
     free(in);

@@ -11,6 +11,7 @@
 
 #include "ck_grouped.h"
 #include "comm.h"
+#include "cpu_ep.h"
 #include "cpu_kernels.h"
 
 typedef struct {
@@ -379,6 +380,53 @@ static int exec_ALL_REDUCE(ex *x, int id) {
   return 0;
 }
 
+/* The EP group's counts (P x E) for an EP op; checks that the graph was built for this rank. */
+static int32_t *ep_counts_all(ex *x, int id, comm **c) {
+  if (!x->comm) {
+    fail(x, id, "a collective, but this executor has no communicator (run it through moec train)");
+    return NULL;
+  }
+  *c = comm_get(x->comm, x->rank, COMM_EP);
+  int64_t E = ir_get_int(N(id), "experts", 0);
+  if (comm_rank(*c) != ir_get_int(N(id), "ep_rank", -1) || comm_size(*c) != ir_get_int(N(id), "ep", 0)) {
+    fail(x, id, "the graph is EP rank %lld of %lld, but this is EP rank %d of %d", (long long)ir_get_int(N(id), "ep_rank", -1),
+         (long long)ir_get_int(N(id), "ep", 0), comm_rank(*c), comm_size(*c));
+    return NULL;
+  }
+  int32_t *all = malloc((size_t)(E * comm_size(*c)) * sizeof *all);
+  char m[512];
+  if (!all) fail(x, id, "out of host memory");
+  else if (ep_gather_counts(*c, E, IN(id, 1 - (N(id)->n_in == 1))->i, all, m, sizeof m)) {
+    fail(x, id, "%s", m);
+    free(all);
+    all = NULL;
+  }
+  return all;
+}
+
+static int exec_EP_ALL_TO_ALL(ex *x, int id) {
+  comm *c;
+  int32_t *all = ep_counts_all(x, id, &c);
+  if (!all) return -1;
+  int64_t E = ir_get_int(N(id), "experts", 0);
+  int rev = (int)ir_get_int(N(id), "reverse", 0);
+  int rc = alloc_out(x, id, ep_rows(comm_size(c), comm_rank(c), E, all, rev), 0);
+  char m[512];
+  if (rc == 0 && ep_exchange(c, E, all, IN(id, 0)->f, COLS(id), rev, x->val[id].f, m, sizeof m)) rc = fail(x, id, "%s", m);
+  free(all);
+  return rc;
+}
+
+static int exec_EP_LOCAL_COUNTS(ex *x, int id) {
+  comm *c;
+  int32_t *all = ep_counts_all(x, id, &c);
+  if (!all) return -1;
+  int rc = alloc_out(x, id, N(id)->type.dims[0], 0);
+  if (rc == 0) ep_local_counts(comm_size(c), comm_rank(c), ir_get_int(N(id), "experts", 0), all, x->val[id].i);
+  free(all);
+  return rc;
+}
+
 static int exec_FILL(ex *x, int id) {
   const ir_type *t = &N(id)->type;
   if (alloc_out(x, id, t->rank ? t->dims[0] : 1, 0)) return -1;
@@ -650,7 +698,17 @@ static int exec_GRAD_NORM(ex *x, int id) {
       bufs[i] = IN(id, i)->f;
       sizes[i] = IN(id, i)->numel;
     }
-    x->grad_norm = ck_grad_norm(bufs, sizes, n);
+    /* with sharded experts (operands from expert_from on): sqrt(dense^2 + sum over EP of expert^2) */
+    int k = (int)ir_get_int(N(id), "expert_from", n);
+    double d = ck_grad_norm(bufs, sizes, k);
+    x->grad_norm = d;
+    if (k < n) {
+      float e2 = (float)pow(ck_grad_norm(bufs + k, sizes + k, n - k), 2);
+      char m[512];
+      if (!x->comm) rc = fail(x, id, "sharded experts, but this executor has no communicator");
+      else if (comm_all_reduce_sum(comm_get(x->comm, x->rank, COMM_EP), &e2, 1, COMM_F32, m, sizeof m)) rc = fail(x, id, "%s", m);
+      x->grad_norm = sqrt(d * d + (double)e2);
+    }
     x->val[id].f[0] = (float)x->grad_norm;
   }
   free(bufs);

@@ -415,6 +415,8 @@ static int no_parallel(gx *x, int id) {
 }
 static int exec_LABEL_COUNT(gx *x, int id) { return no_parallel(x, id); }
 static int exec_ALL_REDUCE(gx *x, int id) { return no_parallel(x, id); }
+static int exec_EP_ALL_TO_ALL(gx *x, int id) { return no_parallel(x, id); }
+static int exec_EP_LOCAL_COUNTS(gx *x, int id) { return no_parallel(x, id); }
 
 static int exec_AUX_LOSS(gx *x, int id) {
   const dev_value *l = V(id, 0);

@@ -35,8 +35,18 @@ int train_param_is_linear_weight(const ir_graph *g, int id) {
 }
 
 /* ---- checkpoints: moec's [in, out] linear weights <-> Hugging Face's [out, in] ---- */
+/* A checkpoint is the whole model. With ep > 1 a rank holds its own experts only: the view
+ * then has parts, part 0 this rank's graph and parameters, part k > 0 the expert parameters of
+ * another EP rank's graph (gathered on save, read and dropped on load). */
+typedef struct {
+  const ir_graph *g;
+  rt_params *ps;
+  int experts_only;
+} ckpt_part;
+
 typedef struct {
   ckpt_param *cp; /* (n) */
+  rt_param **src; /* (n) */
   int *transposed; /* (n) */
   int n;
 } hf_view;
@@ -54,49 +64,57 @@ static void hf_view_free(hf_view *v) {
       free(v->cp[i].v);
     }
   free(v->cp);
+  free(v->src);
   free(v->transposed);
 }
 
 /* Views of the parameters in HF layout (copies for the transposed ones, filled when fill). */
-static int hf_view_make(const ir_graph *g, rt_params *ps, hf_view *v, int fill) {
-  v->n = ps->n;
-  v->cp = calloc((size_t)ps->n + 1, sizeof *v->cp);
-  v->transposed = calloc((size_t)ps->n + 1, sizeof *v->transposed);
-  if (!v->cp || !v->transposed) return -1;
-  int k = 0;
-  for (int id = 0; id < g->n_nodes; id++) {
-    if (g->nodes[id].op != OP_PARAM) continue;
-    rt_param *p = rt_params_find(ps, ir_get_str(&g->nodes[id], "name", ""));
-    if (!p || k >= ps->n) return -1;
-    ckpt_param *c = &v->cp[k];
-    c->name = p->name;
-    c->ndim = p->type.rank;
-    for (int d = 0; d < p->type.rank; d++) c->shape[d] = p->type.dims[d];
-    if (p->type.rank == 2 && train_param_is_linear_weight(g, id)) {
-      v->transposed[k] = 1;
-      c->shape[0] = p->type.dims[1];
-      c->shape[1] = p->type.dims[0];
-      size_t bytes = (size_t)p->numel * sizeof(float);
-      c->w = malloc(bytes), c->m = malloc(bytes), c->v = malloc(bytes);
-      if (!c->w || !c->m || !c->v) return -1;
-      if (fill) {
-        transpose(p->w, c->w, p->type.dims[0], p->type.dims[1]);
-        transpose(p->m, c->m, p->type.dims[0], p->type.dims[1]);
-        transpose(p->v, c->v, p->type.dims[0], p->type.dims[1]);
+static int hf_view_make(const ckpt_part *parts, int n_parts, hf_view *v, int fill) {
+  int total = 0;
+  for (int k = 0; k < n_parts; k++) total += parts[k].ps->n;
+  v->n = 0;
+  v->cp = calloc((size_t)total + 1, sizeof *v->cp);
+  v->src = calloc((size_t)total + 1, sizeof *v->src);
+  v->transposed = calloc((size_t)total + 1, sizeof *v->transposed);
+  if (!v->cp || !v->src || !v->transposed) return -1;
+  for (int k = 0; k < n_parts; k++) {
+    const ir_graph *g = parts[k].g;
+    for (int id = 0; id < g->n_nodes; id++) {
+      if (g->nodes[id].op != OP_PARAM) continue;
+      if (parts[k].experts_only && ir_get_int(&g->nodes[id], "expert", -1) < 0) continue;
+      rt_param *p = rt_params_find(parts[k].ps, ir_get_str(&g->nodes[id], "name", ""));
+      if (!p || v->n >= total) return -1;
+      ckpt_param *c = &v->cp[v->n];
+      v->src[v->n] = p;
+      c->name = p->name;
+      c->ndim = p->type.rank;
+      for (int d = 0; d < p->type.rank; d++) c->shape[d] = p->type.dims[d];
+      if (p->type.rank == 2 && train_param_is_linear_weight(g, id)) {
+        v->transposed[v->n] = 1;
+        c->shape[0] = p->type.dims[1];
+        c->shape[1] = p->type.dims[0];
+        size_t bytes = (size_t)p->numel * sizeof(float);
+        c->w = malloc(bytes), c->m = malloc(bytes), c->v = malloc(bytes);
+        if (!c->w || !c->m || !c->v) return -1;
+        if (fill) {
+          transpose(p->w, c->w, p->type.dims[0], p->type.dims[1]);
+          transpose(p->m, c->m, p->type.dims[0], p->type.dims[1]);
+          transpose(p->v, c->v, p->type.dims[0], p->type.dims[1]);
+        }
+      } else {
+        c->w = p->w, c->m = p->m, c->v = p->v;
       }
-    } else {
-      c->w = p->w, c->m = p->m, c->v = p->v;
+      v->n++;
     }
-    k++;
   }
   return 0;
 }
 
 /* Copies loaded HF-layout values back into the [in, out] master weights. */
-static void hf_view_store(const hf_view *v, rt_params *ps) {
+static void hf_view_store(const hf_view *v) {
   for (int i = 0; i < v->n; i++) {
     if (!v->transposed[i]) continue;
-    rt_param *p = rt_params_find(ps, v->cp[i].name);
+    rt_param *p = v->src[i];
     transpose(v->cp[i].w, p->w, v->cp[i].shape[0], v->cp[i].shape[1]);
     transpose(v->cp[i].m, p->m, v->cp[i].shape[0], v->cp[i].shape[1]);
     transpose(v->cp[i].v, p->v, v->cp[i].shape[0], v->cp[i].shape[1]);
@@ -113,25 +131,25 @@ static ckpt_contents contents(const ir_graph *g, const hf_view *v) {
   return c;
 }
 
-static int save_checkpoint(const ir_graph *g, rt_params *ps, const char *dir, double loss) {
+static int save_checkpoint(const ckpt_part *parts, int n_parts, int64_t step, const char *dir, double loss) {
   hf_view v;
   char err[1024] = "";
-  int rc = hf_view_make(g, ps, &v, 1);
+  int rc = hf_view_make(parts, n_parts, &v, 1);
   if (rc) snprintf(err, sizeof err, "out of host memory");
   if (rc == 0) {
-    ckpt_contents c = contents(g, &v);
-    ckpt_kv kv[] = {{"data_position", CKPT_INT, ps->step, 0, NULL}, {"loss", CKPT_F64, 0, isfinite(loss) ? loss : 0, NULL}};
+    ckpt_contents c = contents(parts[0].g, &v);
+    ckpt_kv kv[] = {{"data_position", CKPT_INT, step, 0, NULL}, {"loss", CKPT_F64, 0, isfinite(loss) ? loss : 0, NULL}};
     c.state = kv;
     c.n_state = 2;
-    rc = ckpt_save(dir, ps->step, &c, err, sizeof err);
+    rc = ckpt_save(dir, step, &c, err, sizeof err);
   }
   hf_view_free(&v);
-  if (rc) fprintf(stderr, "moec: error: --ckpt-dir %s: checkpoint of step %lld not written: %s\n", dir, (long long)ps->step, err);
+  if (rc) fprintf(stderr, "moec: error: --ckpt-dir %s: checkpoint of step %lld not written: %s\n", dir, (long long)step, err);
   else if (err[0]) fprintf(stderr, "moec: warning: %s\n", err);
   return rc;
 }
 
-static int load_checkpoint(const ir_graph *g, rt_params *ps, const char *dir) {
+static int load_checkpoint(const ckpt_part *parts, int n_parts, rt_params *ps, const char *dir) {
   char path[4096], err[1024] = "";
   int64_t step = 0;
   int found = ckpt_latest_err(dir, path, sizeof path, &step, err, sizeof err);
@@ -143,22 +161,88 @@ static int load_checkpoint(const ir_graph *g, rt_params *ps, const char *dir) {
     return -1;
   }
   hf_view v;
-  int rc = hf_view_make(g, ps, &v, 0);
+  int rc = hf_view_make(parts, n_parts, &v, 0);
   ckpt_state st;
   memset(&st, 0, sizeof st);
   if (rc == 0) {
-    ckpt_contents c = contents(g, &v);
+    ckpt_contents c = contents(parts[0].g, &v);
     rc = ckpt_load(path, &c, &st, err, sizeof err);
     if (rc) fprintf(stderr, "moec: error: --resume: %s\n", err);
   } else {
     fprintf(stderr, "moec: error: out of host memory while resuming\n");
   }
   if (rc == 0) {
-    hf_view_store(&v, ps);
+    hf_view_store(&v);
     ps->step = st.step;
     ckpt_state_free(&st);
   }
   hf_view_free(&v);
+  return rc;
+}
+
+/* ---- expert parallelism: the other EP ranks' experts, for whole-model checkpoints ---- */
+typedef struct {
+  ckpt_part *parts; /* (ep) part 0: this rank; then the other EP ranks' experts */
+  int n;
+} ep_view;
+
+static void ep_view_free(ep_view *e) {
+  for (int k = 1; e->parts && k < e->n; k++) rt_params_free(e->parts[k].ps);
+  free(e->parts);
+}
+
+/* The parts for EP rank me of ep (graphs steps[e]); the others' parameters get their own
+ * storage (initial values: overwritten by the gather or the load). */
+static int ep_view_make(ep_view *e, const ir_graph *const *steps, int ep, int me, rt_params *ps) {
+  e->n = ep;
+  if (!(e->parts = calloc((size_t)ep, sizeof *e->parts))) return -1;
+  e->parts[0] = (ckpt_part){steps[me], ps, 0};
+  for (int k = 1, o = 0; k < ep; k++, o++) {
+    if (o == me) o++;
+    e->parts[k] = (ckpt_part){steps[o], rt_params_new(steps[o], 0), 1};
+    if (!e->parts[k].ps) return -1;
+  }
+  return 0;
+}
+
+/* This rank's expert values (w, m, v of each expert param in graph order): pack (dir 0) or unpack. */
+static size_t ep_pack(const ir_graph *g, rt_params *ps, float *buf, int unpack) {
+  size_t n = 0;
+  for (int id = 0; id < g->n_nodes; id++) {
+    if (g->nodes[id].op != OP_PARAM || ir_get_int(&g->nodes[id], "expert", -1) < 0) continue;
+    rt_param *p = rt_params_find(ps, ir_get_str(&g->nodes[id], "name", ""));
+    float *a[3] = {p->w, p->m, p->v};
+    for (int j = 0; j < 3; j++, n += (size_t)p->numel)
+      if (buf) {
+        if (unpack) memcpy(a[j], buf + n, (size_t)p->numel * sizeof(float));
+        else memcpy(buf + n, a[j], (size_t)p->numel * sizeof(float));
+      }
+  }
+  return n;
+}
+
+/* The ranks of DP group 0 gather their experts (comm_all_gather over EP); world rank 0 writes. */
+static int save_checkpoint_ep(ep_view *e, comm_world *w, int rank, const ir_graph *const *steps, int ep, int64_t step,
+                              const char *dir, double loss, char *err, size_t errlen) {
+  const ckpt_part *me = &e->parts[0];
+  size_t n = ep_pack(me->g, me->ps, NULL, 0);
+  float *mine = malloc((n + 1) * sizeof *mine), *all = malloc(((size_t)ep * n + 1) * sizeof *all);
+  int rc = !mine || !all;
+  if (rc) snprintf(err, errlen, "out of host memory for the checkpoint's expert gather");
+  if (rc == 0) {
+    ep_pack(me->g, me->ps, mine, 0);
+    rc = comm_all_gather(comm_get(w, rank, COMM_EP), mine, n * sizeof *mine, all, err, errlen) != 0;
+  }
+  if (rc == 0 && rank == 0) {
+    for (int k = 1; k < e->n; k++) {
+      int o = 0;
+      while (steps[o] != e->parts[k].g) o++;
+      ep_pack(e->parts[k].g, e->parts[k].ps, all + (size_t)o * n, 1);
+    }
+    rc = save_checkpoint(e->parts, e->n, step, dir, loss);
+  }
+  free(mine);
+  free(all);
   return rc;
 }
 
@@ -226,13 +310,23 @@ static void fmt_eta(double s, char *buf, size_t n) {
  * checkpoints; every rank takes rows [rank * B, (rank + 1) * B) of each global batch of
  * B * world sequences, and its graph's collectives meet the other ranks' through comm. */
 typedef struct {
-  const ir_graph *fwd, *step_g;
+  const ir_graph *fwd, *step_g; /* this rank's (its EP rank's) graphs */
+  const ir_graph *const *steps;  /* (ep) every EP rank's step graph */
   const train_opts *o;
   const data_set *d;
   comm_world *comm;
   int rank, world;
   int rc;
 } rank_ctx;
+
+/* Writes a checkpoint: rank 0 alone, or with ep > 1 the EP group of DP rank 0 (rank < ep)
+ * gathering its experts to rank 0. */
+static int save_any(ep_view *ev, const rank_ctx *r, int ep, int64_t step, double loss, char *err, size_t errlen) {
+  if (ep == 1) return save_checkpoint(ev->parts, ev->n, step, r->o->ckpt_dir, loss);
+  int rc = save_checkpoint_ep(ev, r->comm, r->rank, r->steps, ep, step, r->o->ckpt_dir, loss, err, errlen);
+  if (rc && r->rank != 0 && err[0]) fprintf(stderr, "moec: error: rank %d: %s\n", r->rank, err);
+  return rc;
+}
 
 static int train_rank(rank_ctx *r) {
   const ir_graph *fwd = r->fwd, *step_g = r->step_g;
@@ -260,17 +354,16 @@ static int train_rank(rank_ctx *r) {
       return 1;
     }
   }
-  if (cfg->ep > 1) {
-    fprintf(msgf, "moec: error: ep = %lld: expert parallelism is not implemented yet (docs/parallel.md, \"What is left\"); "
-                  "use dp = %lld for the same number of ranks\n", (long long)cfg->ep, (long long)r->world);
-    if (msgf != stderr) fclose(msgf);
-    return 1;
-  }
+  int ep = cfg->ep > 1 ? (int)cfg->ep : 1;
   rt_params *ps = rt_params_new(step_g, (uint64_t)cfg->seed);
+  ep_view ev = {NULL, 1};
+  ckpt_part self = {step_g, ps, 0};
   executors ex;
   memset(&ex, 0, sizeof ex);
   FILE *logf = NULL;
   int32_t *tok = malloc((size_t)T * sizeof *tok), *lab = malloc((size_t)T * sizeof *lab);
+  if (ps && ep > 1 && ep_view_make(&ev, r->steps, ep, r->rank % ep, ps)) ps = NULL, rt_params_free(self.ps);
+  if (ep == 1) ev.parts = &self;
   if (!ps || !tok || !lab) {
     fprintf(msgf, "moec: error: out of host memory for the parameters and the batch\n");
     goto done;
@@ -280,7 +373,7 @@ static int train_rank(rank_ctx *r) {
       fprintf(msgf, "moec: error: --resume needs --ckpt-dir DIR (where the checkpoints are)\n");
       goto done;
     }
-    if (load_checkpoint(step_g, ps, o->ckpt_dir)) goto done;
+    if (load_checkpoint(ev.parts, ev.n, ps, o->ckpt_dir)) goto done;
     fprintf(msgf, "resumed from %s at step %lld\n", o->ckpt_dir, (long long)ps->step);
   }
   if (o->cuda) {
@@ -308,7 +401,7 @@ static int train_rank(rank_ctx *r) {
   if (end <= ps->step) {
     /* nothing to train (--stop-at 0, or resumed at the end): write the weights as they are */
     fprintf(msgf, "no steps to run (at step %lld, stopping at %lld)\n", (long long)ps->step, (long long)end);
-    rc = r->rank == 0 && o->ckpt_dir ? save_checkpoint(step_g, ps, o->ckpt_dir, NAN) != 0 : 0;
+    rc = r->rank < ep && o->ckpt_dir ? save_any(&ev, r, ep, ps->step, NAN, err, sizeof err) != 0 : 0;
     goto done;
   }
   int64_t val_batches = o->val_batches > 0 ? o->val_batches : 8;
@@ -367,10 +460,10 @@ static int train_rank(rank_ctx *r) {
       }
     }
     if (logf) fflush(logf);
-    if (r->rank == 0 && o->ckpt_dir && ((o->ckpt_every > 0 && s % o->ckpt_every == 0) || last))
+    if (r->rank < ep && o->ckpt_dir && ((o->ckpt_every > 0 && s % o->ckpt_every == 0) || last))
       if ((ex.rt && gpu_runtime_download(ex.rt, ps, err, sizeof err) != 0 &&
            fprintf(msgf, "moec: error: %s\n", err) > 0) ||
-          save_checkpoint(step_g, ps, o->ckpt_dir, loss)) {
+          save_any(&ev, r, ep, ps->step, loss, err, sizeof err)) {
         rc = 1;
         break;
       }
@@ -393,6 +486,7 @@ done:
     rc = 1;
   }
   executors_free(&ex);
+  if (ev.parts != &self) ep_view_free(&ev);
   rt_params_free(ps);
   free(tok);
   free(lab);
@@ -408,7 +502,9 @@ static void *rank_main(void *p) {
 }
 
 /* ep x dp ranks as threads of this process, through the in-process communicator. */
-static int train_ranks(const ir_graph *fwd, const ir_graph *step_g, const train_opts *o, const data_set *d, int64_t world) {
+static int train_ranks(const ir_graph *const *fwds, const ir_graph *const *steps, const train_opts *o, const data_set *d, int64_t world) {
+  const ir_graph *step_g = steps[0];
+  int ep = step_g->cfg.ep > 1 ? (int)step_g->cfg.ep : 1;
   if (o->cuda) {
     fprintf(stderr, "moec: error: ep x dp = %lld ranks run on the CPU for now (--device cpu); the NCCL path is not written yet\n",
             (long long)world);
@@ -430,7 +526,7 @@ static int train_ranks(const ir_graph *fwd, const ir_graph *step_g, const train_
           (long long)step_g->cfg.ep, (long long)step_g->cfg.dp, (long long)step_g->cfg.batch);
   int64_t started = 0;
   for (; started < world; started++) {
-    r[started] = (rank_ctx){fwd, step_g, o, d, w, (int)started, (int)world, 1};
+    r[started] = (rank_ctx){fwds[started % ep], steps[started % ep], steps, o, d, w, (int)started, (int)world, 1};
     if (pthread_create(&th[started], NULL, rank_main, &r[started]) != 0) {
       comm_abort(w, (int)started, "could not start its thread");
       break;
@@ -447,7 +543,8 @@ static int train_ranks(const ir_graph *fwd, const ir_graph *step_g, const train_
   return rc;
 }
 
-int moec_train(const ir_graph *fwd, const ir_graph *step_g, const train_opts *o) {
+int moec_train(const ir_graph *const *fwds, const ir_graph *const *steps, const train_opts *o) {
+  const ir_graph *step_g = steps[0];
   const moec_config *cfg = &step_g->cfg;
   char err[2048] = "";
   const char *path = data_path(o, step_g);
@@ -473,10 +570,10 @@ int moec_train(const ir_graph *fwd, const ir_graph *step_g, const train_opts *o)
   int rc;
   int64_t world = cfg->ep * cfg->dp;
   if (world <= 1) {
-    rank_ctx r = {fwd, step_g, o, d, NULL, 0, 1, 0};
+    rank_ctx r = {fwds[0], steps[0], steps, o, d, NULL, 0, 1, 0};
     rc = train_rank(&r);
   } else {
-    rc = train_ranks(fwd, step_g, o, d, world);
+    rc = train_ranks(fwds, steps, o, d, world);
   }
   data_close(d);
   return rc;

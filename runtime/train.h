@@ -22,7 +22,8 @@ typedef struct {
 
 /* Trains: fwd is the forward graph (validation), step the training-step graph (forward,
  * backward, AdamW) of the same model. Returns 0, or 1 after printing an error. */
-int moec_train(const ir_graph *fwd, const ir_graph *step, const train_opts *o);
+/* fwd[e], step[e]: the graphs of EP rank e (one of each when ep <= 1); DP ranks share them. */
+int moec_train(const ir_graph *const *fwd, const ir_graph *const *step, const train_opts *o);
 
 /* Weight layout of Hugging Face checkpoints: Linear weights are [out, in], moec keeps
  * [in, out]; embeddings are the same in both. 1 when param node id feeds a linear. */

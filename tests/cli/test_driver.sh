@@ -44,8 +44,9 @@ if "$MOEC" train models/tiny.moe --device cuda 2>"$tmp/e4"; then fail "--device 
 grep -q "device cuda" "$tmp/e4" || fail "--device cuda message"
 if "$MOEC" train models/tiny.moe --data /nonexistent.fa --steps 1 2>"$tmp/e5"; then fail "missing data accepted"; fi
 grep -q "/nonexistent.fa: error" "$tmp/e5" || fail "missing data message: $(cat "$tmp/e5")"
-# a model far larger than the machine is refused up front, with the numbers and a way out
-if "$MOEC" train models/og2_8x7b.moe --device cpu --data data/lambda_phage.fa.gz --set seq=256 --steps 1 2>"$tmp/e6"; then
+# a model far larger than the machine is refused up front, with the numbers and a way out (ep=1: its
+# file says ep = 8, which with batch 1 would be refused earlier, batch not splitting over 8 ranks)
+if "$MOEC" train models/og2_8x7b.moe --device cpu --data data/lambda_phage.fa.gz --set seq=256 --set ep=1 --steps 1 2>"$tmp/e6"; then
   fail "og2_8x7b started training on the CPU"
 fi
 grep -q "og2_8x7b needs about .* of memory to train on the CPU" "$tmp/e6" || fail "memory message: $(cat "$tmp/e6")"

@@ -1,7 +1,8 @@
 /* test_parallel.c -- data parallelism on the CPU (ranks as threads): `moec train --set dp=N`
  * on a tiny model gives the same losses, gradient norms, weights and Adam moments as one rank
- * (fp32, <= 1e-5 relative); the checkpoint a DP run writes resumes at another DP size; ep > 1
- * says it is not implemented yet. Needs $MOEC (ctest sets it). */
+ * (fp32, <= 1e-5 relative), and so do ep=2 and ep=2 x dp=2 (experts sharded, rows exchanged
+ * all-to-all); the checkpoint a DP or EP run writes resumes at another DP or EP size; ep > 1
+ * without the fused experts is refused with a message. Needs $MOEC (ctest sets it). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -88,8 +89,12 @@ int main(void) {
   CHECK(run("--steps 6", "dp1") == 0, "one rank failed");
   CHECK(run("--steps 6 --set dp=2", "dp2") == 0, "dp=2 failed");
   CHECK(run("--steps 6 --set dp=4", "dp4") == 0, "dp=4 failed");
+  CHECK(run("--steps 6 --set ep=2", "ep2") == 0, "ep=2 failed");
+  CHECK(run("--steps 6 --set ep=2 --set dp=2", "ep2dp2") == 0, "ep=2 dp=2 failed");
   same_as_one_rank("dp2", 6);
   same_as_one_rank("dp4", 6);
+  same_as_one_rank("ep2", 6);
+  same_as_one_rank("ep2dp2", 6);
   /* a DP checkpoint is the full model: stop dp=2 at step 3, resume at dp=1 and at dp=4 */
   CHECK(run("--steps 6 --set dp=2 --stop-at 3", "rs1") == 0, "dp=2 --stop-at 3 failed");
   char cmd[1024];
@@ -99,13 +104,20 @@ int main(void) {
   CHECK(run("--steps 6 --set dp=4 --resume", "rs4") == 0, "resume at dp=4 failed");
   same_as_one_rank("rs1", 6);
   same_as_one_rank("rs4", 6);
-  /* batch must split evenly; ep > 1 is refused with a message */
+  /* an EP checkpoint is the full model too (gathered to rank 0): ep=2 -> ep=1, ep=1 -> ep=2 x dp=2 */
+  CHECK(run("--steps 6 --set ep=2 --stop-at 3", "re1") == 0, "ep=2 --stop-at 3 failed");
+  CHECK(run("--steps 6 --resume", "re1") == 0, "resume at ep=1 failed");
+  CHECK(run("--steps 6 --stop-at 3", "re2") == 0, "ep=1 --stop-at 3 failed");
+  CHECK(run("--steps 6 --set ep=2 --set dp=2 --resume", "re2") == 0, "resume at ep=2 dp=2 failed");
+  same_as_one_rank("re1", 6);
+  same_as_one_rank("re2", 6);
+  /* batch must split evenly; ep > 1 over the naive experts is refused with a message */
   CHECK(run("--steps 1 --set dp=3", "bad") != 0, "dp=3 with batch 4 ran");
   snprintf(cmd, sizeof cmd, "grep -q 'not a multiple of ep x dp' %s/bad.err", tmp);
   CHECK(system(cmd) == 0, "dp=3 message");
-  CHECK(run("--steps 1 --set ep=2", "ep") != 0, "ep=2 ran");
-  snprintf(cmd, sizeof cmd, "grep -q 'expert parallelism is not implemented yet' %s/ep.err", tmp);
-  CHECK(system(cmd) == 0, "ep=2 message");
+  CHECK(run("--steps 1 --set ep=2 --disable-pass grouped-mlp", "ep") != 0, "ep=2 with unfused experts ran");
+  snprintf(cmd, sizeof cmd, "grep -q 'needs the fused experts' %s/ep.err", tmp);
+  CHECK(system(cmd) == 0, "ep=2 unfused message");
   snprintf(cmd, sizeof cmd, "rm -rf %s", tmp);
   if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", tmp);
   return failures != 0;
