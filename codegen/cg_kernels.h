@@ -29,6 +29,7 @@ typedef enum {
   CG_FAM_LOSS,        /* cross-entropy */
   CG_FAM_OPTIM,       /* AdamW, gradient norm */
   CG_FAM_MXFP8,       /* quantize (rows, columns), dequantize; per (block, share128) */
+  CG_FAM_GROUPED,     /* expert-sorted ops: permute, unpermute, grouped GEMMs, GroupedMLP halves */
   CG_FAM_COUNT
 } cg_family;
 
@@ -52,6 +53,7 @@ enum {
   CG_MAX_E = 256,         /* most experts the router and route kernels take */
   CG_CE_ROWS = 64,        /* rows per block in the cross-entropy partial sums */
   CG_GN_PARTS = 256,      /* partial sums (blocks) per tensor in the gradient norm */
+  CG_GT = 16,             /* grouped GEMM tile (GT x GT outputs, GT*GT threads) */
 };
 
 const char *cg_family_name(cg_family f);

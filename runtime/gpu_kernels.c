@@ -142,6 +142,12 @@ static const struct {
     {CG_FAM_OPTIM, "adamw", 0},               {CG_FAM_OPTIM, "sumsq_partial", 0},
     {CG_FAM_OPTIM, "grad_norm_final", 0},     {CG_FAM_MXFP8, "mxfp8_quantize", 1},
     {CG_FAM_MXFP8, "mxfp8_quantize_cols", 1}, {CG_FAM_MXFP8, "mxfp8_dequantize", 1},
+    {CG_FAM_GROUPED, "perm_from_pos", 0},     {CG_FAM_GROUPED, "perm_invert", 0},
+    {CG_FAM_GROUPED, "expert_probs", 0},      {CG_FAM_GROUPED, "grouped_colsum", 1},
+    {CG_FAM_GROUPED, "mlp_act", 1},           {CG_FAM_GROUPED, "expert_permute", 2},
+    {CG_FAM_GROUPED, "expert_unpermute", 2},  {CG_FAM_GROUPED, "expert_weight_grad", 2},
+    {CG_FAM_GROUPED, "copy_cols", 2},         {CG_FAM_GROUPED, "mlp_bwd_rows", 2},
+    {CG_FAM_GROUPED, "ggemm_rows", 3},        {CG_FAM_GROUPED, "ggemm_wgrad", 3},
 };
 
 static rt_cuda_kernel_ref refs[512];
@@ -153,7 +159,7 @@ const rt_cuda_kernel_ref *rt_cuda_kernel_refs(int *n) {
     for (size_t u = 0; u < sizeof uses / sizeof uses[0]; u++) {
       cg_variant vs[8];
       int nv = cg_family_variants(uses[u].f, vs, 8);
-      int combos = uses[u].n_dt == 0 ? 1 : uses[u].n_dt == 1 ? CG_DT_COUNT : CG_DT_COUNT * CG_DT_COUNT;
+      int combos = uses[u].n_dt == 0 ? 1 : uses[u].n_dt == 1 ? CG_DT_COUNT : uses[u].n_dt == 2 ? CG_DT_COUNT * CG_DT_COUNT : CG_DT_COUNT * CG_DT_COUNT * CG_DT_COUNT;
       for (int v = 0; v < nv; v++)
         for (int c = 0; c < combos && m < (int)(sizeof refs / sizeof refs[0]); c++) {
           rt_cuda_kernel_ref *r = &refs[m++];
@@ -161,7 +167,8 @@ const rt_cuda_kernel_ref *rt_cuda_kernel_refs(int *n) {
           r->variant = vs[v];
           if (uses[u].n_dt == 0) cg_kname(r->name, sizeof r->name, uses[u].op, 0);
           else if (uses[u].n_dt == 1) cg_kname(r->name, sizeof r->name, uses[u].op, 1, c);
-          else cg_kname(r->name, sizeof r->name, uses[u].op, 2, c / CG_DT_COUNT, c % CG_DT_COUNT);
+          else if (uses[u].n_dt == 2) cg_kname(r->name, sizeof r->name, uses[u].op, 2, c / CG_DT_COUNT, c % CG_DT_COUNT);
+          else cg_kname(r->name, sizeof r->name, uses[u].op, 3, c / (CG_DT_COUNT * CG_DT_COUNT), (c / CG_DT_COUNT) % CG_DT_COUNT, c % CG_DT_COUNT);
         }
     }
     n_refs = m;
@@ -232,6 +239,20 @@ int rtk_launch(rt_cuda *k, cg_family f, const cg_variant *v, const char *name, u
   void *fn = function(k, f, v, name);
   if (!fn) return -1;
   const unsigned grid[3] = {(unsigned)gx, (unsigned)gy, 1}, block[3] = {threads, 1, 1};
+  if (gpu_launch(k->g, fn, name, grid, block, 0, args) != 0) return rtk_fail(k, "%s", gpu_error(k->g));
+  return 0;
+}
+
+int rtk_launch3(rt_cuda *k, cg_family f, const char *name, uint64_t gx, uint64_t gy, uint64_t gz, unsigned threads,
+                void **args) {
+  static const cg_variant none = {0, 0};
+  if (gx == 0 || gy == 0 || gz == 0) return 0;
+  if (gx > 0x7fffffffu || gy > 65535 || gz > 65535)
+    return rtk_fail(k, "%s: grid %llu x %llu x %llu is too large", name, (unsigned long long)gx, (unsigned long long)gy,
+                    (unsigned long long)gz);
+  void *fn = function(k, f, &none, name);
+  if (!fn) return -1;
+  const unsigned grid[3] = {(unsigned)gx, (unsigned)gy, (unsigned)gz}, block[3] = {threads, 1, 1};
   if (gpu_launch(k->g, fn, name, grid, block, 0, args) != 0) return rtk_fail(k, "%s", gpu_error(k->g));
   return 0;
 }

@@ -155,6 +155,46 @@ int rt_cuda_adamw_step(rt_cuda *k, gpu_ptr p, gpu_ptr g, gpu_ptr m, gpu_ptr v, i
 /* *norm (f32 on the device) = global L2 norm of n_bufs f32 buffers. */
 int rt_cuda_grad_norm(rt_cuda *k, const gpu_ptr *bufs, const int64_t *sizes, int n_bufs, gpu_ptr norm);
 
+/* ---- expert-sorted ops (ck_grouped.h): the fusion passes' ops. Counts (i32 (E)) are read on
+ * the device; S = T*kk sorted rows; grids are sized by S, never by the counts. ---- */
+int rt_cuda_expert_counts(rt_cuda *k, gpu_ptr idx /* i32 (T, kk) */, int64_t T, int64_t kk, int64_t E,
+                          gpu_ptr counts /* i32 (E) */);
+int rt_cuda_expert_sort(rt_cuda *k, gpu_ptr idx, int64_t T, int64_t kk, int64_t E, gpu_ptr perm /* i32 (T*kk) */);
+/* w (T, kk) may be 0 (no weights). */
+int rt_cuda_expert_permute(rt_cuda *k, cg_dtype t, cg_dtype tw, gpu_ptr x /* (T, H) */, gpu_ptr perm, gpu_ptr w,
+                           gpu_ptr xs /* (T*kk, H) */, int64_t T, int64_t kk, int64_t H);
+int rt_cuda_expert_unpermute(rt_cuda *k, cg_dtype t, cg_dtype tw, gpu_ptr ys /* (T*kk, H) */, gpu_ptr perm, gpu_ptr w,
+                             gpu_ptr out /* (T, H) */, int64_t T, int64_t kk, int64_t H);
+int rt_cuda_expert_weight_grad(rt_cuda *k, cg_dtype ta, cg_dtype tb, gpu_ptr a /* (T, H) */, gpu_ptr b /* (T*kk, H) */,
+                               gpu_ptr perm, gpu_ptr dw /* f32 (T, kk) */, int64_t T, int64_t kk, int64_t H);
+int rt_cuda_expert_probs(rt_cuda *k, gpu_ptr w /* f32 (T, kk) */, gpu_ptr perm, gpu_ptr p /* f32 (T*kk) */, int64_t T,
+                         int64_t kk);
+int rt_cuda_expert_probs_bwd(rt_cuda *k, gpu_ptr dp, gpu_ptr perm, gpu_ptr dw, int64_t T, int64_t kk);
+/* y[r*ldy + sy + c] = x[r*ldx + sx + c], c < w (stack, unstack, pad_cols; converts dtypes). */
+int rt_cuda_copy_cols(rt_cuda *k, cg_dtype tx, cg_dtype ty, gpu_ptr x, int64_t ldx, int64_t sx, gpu_ptr y, int64_t ldy,
+                      int64_t sy, int64_t rows, int64_t w);
+/* C[rows of e] (row stride ldc) = A[rows of e] (stride lda, K columns) . B[e] ((K, N), or (N, K)
+ * read transposed with trans_b); fp32 accumulation. */
+int rt_cuda_grouped_gemm(rt_cuda *k, cg_dtype ta, cg_dtype tb, cg_dtype tc, gpu_ptr a, int64_t lda, gpu_ptr b, int trans_b,
+                         gpu_ptr counts, gpu_ptr c, int64_t ldc, int64_t S, int64_t E, int64_t N, int64_t K);
+int rt_cuda_grouped_linear_fwd(rt_cuda *k, cg_dtype tx, cg_dtype tw, cg_dtype ty, gpu_ptr xs, gpu_ptr w /* (E, in, out) */,
+                               gpu_ptr counts, gpu_ptr y, int64_t S, int64_t E, int64_t in, int64_t out);
+int rt_cuda_grouped_linear_dgrad(rt_cuda *k, cg_dtype tdy, cg_dtype tw, cg_dtype tdx, gpu_ptr dy, gpu_ptr w,
+                                 gpu_ptr counts, gpu_ptr dx, int64_t S, int64_t E, int64_t in, int64_t out);
+/* dw[e] written (zero for an expert without rows); K = the expert's row count. */
+int rt_cuda_grouped_linear_wgrad(rt_cuda *k, cg_dtype tx, cg_dtype tdy, cg_dtype tdw, gpu_ptr xs, gpu_ptr dy,
+                                 gpu_ptr counts, gpu_ptr dw, int64_t S, int64_t E, int64_t in, int64_t out);
+int rt_cuda_grouped_colsum(rt_cuda *k, cg_dtype t, gpu_ptr dy, gpu_ptr counts, gpu_ptr db /* f32 (E, out) */, int64_t S,
+                           int64_t E, int64_t out);
+/* ck_grouped_mlp_fwd; the bf16 rounding of gate_up and the activation is the output dtype's
+ * (to = bf16 is ck_mlp_precision.round_bf16). mx_block > 0 is refused (not on the GPU yet). */
+int rt_cuda_grouped_mlp_fwd(rt_cuda *k, cg_dtype tx, cg_dtype tw, cg_dtype to, gpu_ptr xs, gpu_ptr w_gu, gpu_ptr w_down,
+                            gpu_ptr counts, gpu_ptr probs /* f32 (S) */, gpu_ptr out /* (S, H+2F) */, int64_t S,
+                            int64_t E, int64_t H, int64_t F, int64_t mx_block);
+int rt_cuda_grouped_mlp_bwd(rt_cuda *k, cg_dtype tdy, cg_dtype tgu, cg_dtype tw, cg_dtype to, gpu_ptr dy, gpu_ptr gate_up,
+                            gpu_ptr w_down, gpu_ptr counts, gpu_ptr probs, gpu_ptr out /* (S, 3F+1) */, int64_t S,
+                            int64_t E, int64_t H, int64_t F);
+
 /* ---- MXFP8 ---- */
 int rt_cuda_mxfp8_quantize(rt_cuda *k, cg_dtype t, gpu_ptr x /* (rows, cols) */, int64_t rows, int64_t cols,
                            int64_t block, int share128, gpu_ptr q /* u8 (rows, cols) */,

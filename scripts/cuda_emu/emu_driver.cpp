@@ -218,14 +218,15 @@ CUresult cuModuleGetFunction(void **f, void *m, const char *name) {
 CUresult cuFuncSetAttribute(void *, int, int) { return OK; }
 CUresult cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz, unsigned,
                         void *, void **args, void **) {
-  if (by != 1 || bz != 1 || gz != 1 || bx == 0 || bx > 1024 || bx % 32 != 0) return E_INVALID_VALUE;
+  if (by != 1 || bz != 1 || gz == 0 || bx == 0 || bx > 1024 || bx % 32 != 0) return E_INVALID_VALUE;
   cur_fn = (void (*)(void **))f;
   cur_args = args;
   emu_blockDim = {bx, 1, 1};
-  emu_gridDim = {gx, gy, 1};
+  emu_gridDim = {gx, gy, gz};
+  for (unsigned z = 0; z < gz; z++)
   for (unsigned y = 0; y < gy; y++)
     for (unsigned x = 0; x < gx; x++) {
-      emu_blockIdx = {x, y, 0};
+      emu_blockIdx = {x, y, z};
       if (!run_block(bx)) {
         Dl_info info;
         dladdr(f, &info);

@@ -1,0 +1,352 @@
+/* test_gpu_fused.c -- the GPU kernels of the fusion passes' expert ops (rt_cuda_expert_*,
+ * rt_cuda_grouped_*, rt_cuda_copy_cols) against their CPU references in ck_grouped.h, on
+ * fresh random inputs (never zeros; the seed is printed, MOEC_TEST_SEED repeats it), f32 and
+ * bf16 storage, with an expert that gets no rows. Skips where there is no CUDA driver or GPU;
+ * scripts/cuda_emu/run.sh build test_gpu_fused runs it on the CPU emulator.
+ *
+ * Tolerances: bit-exact for counts, sort, permute, unpermute, probs (fwd and bwd), the column
+ * copies and the grouped column sums (the CPU's operations in the CPU's order); rtol 1e-6 for
+ * the routing weights' gradient (double sums in another order); rtol 1e-5 plus 1e-5 of the
+ * largest value for the grouped GEMMs and the GroupedMLP in f32 (float sums in another
+ * order); bf16 outputs one bf16 rounding more, and the bf16 GroupedMLP 2e-2 (its rounded
+ * intermediates may land one bf16 step apart).
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "ck_test.h"
+#include "runtime/gpu_kernels.h"
+#include "runtime/ck_grouped.h"
+#include "runtime/gpu_loader.h"
+
+const char *__lsan_default_suppressions(void);
+const char *__lsan_default_suppressions(void) { return "leak:libnvrtc\nleak:libcuda\n"; }
+
+static gpu_ctx *G;
+static rt_cuda *K;
+
+/* ---- device buffers ---- */
+static gpu_ptr live[256];
+static int n_live;
+
+static gpu_ptr dmalloc(size_t bytes) {
+  gpu_ptr p = 0;
+  if (gpu_alloc(G, &p, bytes ? bytes : 4, "a test buffer") != 0 || n_live == 256) {
+    printf("FAIL: %s\n", gpu_error(G));
+    exit(1);
+  }
+  return live[n_live++] = p;
+}
+static void dfree_all(void) {
+  while (n_live) gpu_free(G, live[--n_live]);
+}
+static size_t dts(cg_dtype t) { return t == CG_DT_BF16 ? 2 : 4; }
+
+static void upload(gpu_ptr p, const void *x, size_t bytes) {
+  if (gpu_upload(G, p, x, bytes) != 0) {
+    printf("FAIL: upload: %s\n", gpu_error(G));
+    exit(1);
+  }
+}
+static void download(void *x, gpu_ptr p, size_t bytes) {
+  if (gpu_download(G, x, p, bytes) != 0) {
+    printf("FAIL: download (a kernel failed?): %s\n", gpu_error(G));
+    exit(1);
+  }
+}
+/* float values stored as t (bf16: rounded to nearest even on the way) */
+static gpu_ptr up_f(const float *x, int64_t n, cg_dtype t) {
+  gpu_ptr p = dmalloc((size_t)n * dts(t));
+  if (t == CG_DT_F32) {
+    upload(p, x, (size_t)n * 4);
+  } else {
+    uint16_t *b = malloc((size_t)(n ? n : 1) * 2);
+    for (int64_t i = 0; i < n; i++) b[i] = ck_float_to_bf16(x[i]);
+    upload(p, b, (size_t)n * 2);
+    free(b);
+  }
+  return p;
+}
+static void get_f(float *x, gpu_ptr p, int64_t n, cg_dtype t) {
+  if (t == CG_DT_F32) {
+    download(x, p, (size_t)n * 4);
+    return;
+  }
+  uint16_t *b = malloc((size_t)(n ? n : 1) * 2);
+  download(b, p, (size_t)n * 2);
+  for (int64_t i = 0; i < n; i++) x[i] = ck_bf16_to_float(b[i]);
+  free(b);
+}
+static gpu_ptr up_raw(const void *x, size_t bytes) {
+  gpu_ptr p = dmalloc(bytes);
+  upload(p, x, bytes);
+  return p;
+}
+
+/* Random values in [lo, hi), never zero, representable in t. */
+static float *rnd(int64_t n, float lo, float hi, cg_dtype t) {
+  float *x = falloc(n);
+  fill(x, n, lo, hi);
+  if (t == CG_DT_BF16) ck_round_bf16(x, n);
+  return x;
+}
+static float *dup(const float *x, int64_t n) {
+  float *y = falloc(n);
+  memcpy(y, x, (size_t)n * sizeof(float));
+  return y;
+}
+
+/* Runs a launch, reporting its error. */
+#define RUN(call)                                                                                   \
+  do {                                                                                              \
+    if ((call) != 0) CHECK(0, "%s: %s", #call, rt_cuda_error(K));                                  \
+  } while (0)
+
+/* After a test: the stream drained, no error flag unless expected. */
+static void expect_flag(const char *what, int want) {
+  int ck = 0;
+  if (rt_cuda_check(K, &ck) != 0) {
+    CHECK(0, "%s: %s", what, rt_cuda_error(K));
+    return;
+  }
+  CHECK(ck == want, "%s: device error flag %d (%s), want %d", what, ck, ck_strerror(ck), want);
+}
+
+/* got (from the GPU, stored as t) against want (the CPU's fp32 result). rtol < 0: bit for bit,
+ * except that any NaN matches any NaN: CUDA's arithmetic returns the canonical NaN 0x7fffffff
+ * where glibc keeps 0x7fc00000 (seen on the H200 for AdamW with a NaN gradient norm), and
+ * fp32 NaN payloads carry no meaning here. */
+static void cmp(const char *what, const float *got, const float *want_in, int64_t n, cg_dtype t, double rtol,
+                double atol) {
+  float *want = dup(want_in, n);
+  if (t == CG_DT_BF16) ck_round_bf16(want, n);
+  char name[96];
+  snprintf(name, sizeof name, "%s [%s]", what, cg_dtype_name(t));
+  if (rtol < 0) {
+    int64_t bad = -1;
+    for (int64_t i = 0; i < n && bad < 0; i++)
+      if (memcmp(&got[i], &want[i], sizeof(float)) != 0 && !(isnan(got[i]) && isnan(want[i]))) bad = i;
+    CHECK(bad < 0, "%s: element %lld got %.9g (0x%08x) want %.9g (0x%08x)", name, (long long)bad,
+          bad >= 0 ? got[bad] : 0.0, bad >= 0 ? *(const uint32_t *)&got[bad] : 0u, bad >= 0 ? want[bad] : 0.0,
+          bad >= 0 ? *(const uint32_t *)&want[bad] : 0u);
+    printf("  %-44s %6lld values, bit-exact\n", name, (long long)n);
+  } else {
+    double *wd = to_double(want, n);
+    check_close(name, got, wd, n, rtol + (t == CG_DT_BF16 ? 0x1p-7 : 0.0), atol);
+    free(wd);
+  }
+  free(want);
+}
+static double maxabs(const float *x, int64_t n) {
+  double m = 0.0;
+  for (int64_t i = 0; i < n; i++) m = fmax(m, fabs(x[i]));
+  return m;
+}
+
+/* E experts, the last one never chosen (an empty group). */
+enum { T = 97, KK = 2, E = 5, H = 40, F = 24, IN = 40, OUT = 36 };
+enum { S = T * KK };
+
+static int32_t *rnd_idx(void) {
+  int32_t *idx = malloc(sizeof(int32_t) * T * KK);
+  for (int t = 0; t < T; t++)
+    for (int j = 0; j < KK; j++) {
+      int e, dup_;
+      do {
+        e = rng_int(E - 1);
+        dup_ = 0;
+        for (int q = 0; q < j; q++) dup_ |= idx[t * KK + q] == e;
+      } while (dup_);
+      idx[t * KK + j] = e;
+    }
+  return idx;
+}
+static void get_i(int32_t *x, gpu_ptr p, int64_t n) { download(x, p, (size_t)n * 4); }
+static void cmp_i(const char *what, const int32_t *got, const int32_t *want, int64_t n) {
+  int64_t bad = -1;
+  for (int64_t i = 0; i < n && bad < 0; i++)
+    if (got[i] != want[i]) bad = i;
+  CHECK(bad < 0, "%s: element %lld got %d want %d", what, (long long)bad, bad >= 0 ? got[bad] : 0, bad >= 0 ? want[bad] : 0);
+  printf("  %-44s %6lld values, exact\n", what, (long long)n);
+}
+
+static void test_sort(void) {
+  printf("expert counts and sort:\n");
+  int32_t *idx = rnd_idx(), counts[E], gc[E], *perm = malloc(4 * S), *gp = malloc(4 * S);
+  gpu_ptr di = up_raw(idx, 4 * S), dc = dmalloc(4 * E), dp = dmalloc(4 * S);
+  CHECK(ck_expert_counts(idx, T, KK, E, counts) == CK_OK && ck_expert_sort(idx, T, KK, E, perm) == CK_OK, "ck");
+  RUN(rt_cuda_expert_counts(K, di, T, KK, E, dc));
+  RUN(rt_cuda_expert_sort(K, di, T, KK, E, dp));
+  get_i(gc, dc, E);
+  get_i(gp, dp, S);
+  cmp_i("expert_counts", gc, counts, E);
+  cmp_i("expert_sort", gp, perm, S);
+  expect_flag("sort", CK_OK);
+  idx[5] = E; /* a bad id */
+  upload(di, idx, 4 * S);
+  RUN(rt_cuda_expert_counts(K, di, T, KK, E, dc));
+  expect_flag("expert_counts with a bad id", CK_EINDEX);
+  free(idx), free(perm), free(gp);
+  dfree_all();
+}
+
+static void test_permute(cg_dtype t) {
+  printf("permute, unpermute, weight grad, probs [%s]:\n", cg_dtype_name(t));
+  int32_t *idx = rnd_idx(), *perm = malloc(4 * S);
+  ck_expert_sort(idx, T, KK, E, perm);
+  float *x = rnd(T * H, -2, 2, t), *w = rnd(S, 0.1f, 1, CG_DT_F32), *ys = rnd(S * H, -2, 2, t);
+  float *want = falloc(S * H), *got = falloc(S * H);
+  gpu_ptr dperm = up_raw(perm, 4 * S), dx = up_f(x, T * H, t), dw = up_f(w, S, CG_DT_F32), dys = up_f(ys, S * H, t);
+  gpu_ptr dxs = dmalloc((size_t)S * H * 4), dout = dmalloc((size_t)T * H * 4), ddw = dmalloc(4 * S);
+  for (int wi = 0; wi < 2; wi++) {
+    ck_expert_permute(x, perm, wi ? w : NULL, want, T, KK, H);
+    RUN(rt_cuda_expert_permute(K, t, CG_DT_F32, dx, dperm, wi ? dw : 0, dxs, T, KK, H));
+    get_f(got, dxs, S * H, t);
+    cmp(wi ? "expert_permute (weighted)" : "expert_permute", got, want, S * H, t, -1, 0);
+    ck_expert_unpermute(ys, perm, wi ? w : NULL, want, T, KK, H);
+    RUN(rt_cuda_expert_unpermute(K, t, CG_DT_F32, dys, dperm, wi ? dw : 0, dout, T, KK, H));
+    get_f(got, dout, T * H, t);
+    cmp(wi ? "expert_unpermute (weighted)" : "expert_unpermute", got, want, T * H, t, -1, 0);
+  }
+  ck_expert_weight_grad(x, ys, perm, want, T, KK, H);
+  RUN(rt_cuda_expert_weight_grad(K, t, t, dx, dys, dperm, ddw, T, KK, H));
+  get_f(got, ddw, S, CG_DT_F32);
+  cmp("expert_weight_grad", got, want, S, CG_DT_F32, 1e-6, 0);
+  ck_expert_probs(w, perm, want, T, KK);
+  RUN(rt_cuda_expert_probs(K, dw, dperm, ddw, T, KK));
+  get_f(got, ddw, S, CG_DT_F32);
+  cmp("expert_probs", got, want, S, CG_DT_F32, -1, 0);
+  ck_expert_probs_bwd(w, perm, want, T, KK);
+  RUN(rt_cuda_expert_probs_bwd(K, dw, dperm, ddw, T, KK));
+  get_f(got, ddw, S, CG_DT_F32);
+  cmp("expert_probs_bwd", got, want, S, CG_DT_F32, -1, 0);
+  expect_flag("permute", CK_OK);
+  free(idx), free(perm), free(x), free(w), free(ys), free(want), free(got);
+  dfree_all();
+}
+
+static void test_copy_cols(cg_dtype t) {
+  printf("copy_cols (stack, unstack, pad_cols) [%s]:\n", cg_dtype_name(t));
+  const int64_t rows = 33, w = 7, W = 20, start = 5;
+  float *x = rnd(rows * w, -2, 2, t), *want = falloc(rows * W), *got = falloc(rows * W);
+  for (int64_t r = 0; r < rows; r++) memcpy(want + r * W + start, x + r * w, (size_t)w * 4);
+  gpu_ptr dx = up_f(x, rows * w, t), dy = dmalloc((size_t)rows * W * 4);
+  if (gpu_memset8(G, dy, 0, (size_t)rows * W * dts(t))) CHECK(0, "memset");
+  RUN(rt_cuda_copy_cols(K, t, t, dx, w, 0, dy, W, start, rows, w));
+  get_f(got, dy, rows * W, t);
+  cmp("pad_cols", got, want, rows * W, t, -1, 0);
+  RUN(rt_cuda_copy_cols(K, t, t, dy, W, start, dx, w, 0, rows, w));
+  get_f(got, dx, rows * w, t);
+  cmp("unstack (slice back)", got, x, rows * w, t, -1, 0);
+  free(x), free(want), free(got);
+  dfree_all();
+}
+
+static void test_grouped_gemm(cg_dtype t, cg_dtype tw) {
+  printf("grouped GEMMs and column sums [%s, weights %s]:\n", cg_dtype_name(t), cg_dtype_name(tw));
+  int32_t *idx = rnd_idx(), counts[E];
+  ck_expert_counts(idx, T, KK, E, counts);
+  float *xs = rnd(S * IN, -1, 1, t), *w = rnd(E * IN * OUT, -1, 1, tw), *dy = rnd(S * OUT, -1, 1, t);
+  float *want = falloc(S * IN + E * IN * OUT), *got = falloc(S * IN + E * IN * OUT);
+  gpu_ptr dc = up_raw(counts, 4 * E), dxs = up_f(xs, S * IN, t), dwt = up_f(w, E * IN * OUT, tw), ddy = up_f(dy, S * OUT, t);
+  gpu_ptr o1 = dmalloc((size_t)S * OUT * 4), o2 = dmalloc((size_t)S * IN * 4), o3 = dmalloc((size_t)E * IN * OUT * 4);
+  ck_grouped_linear_fwd(xs, w, NULL, counts, want, S, E, IN, OUT);
+  RUN(rt_cuda_grouped_linear_fwd(K, t, tw, t, dxs, dwt, dc, o1, S, E, IN, OUT));
+  get_f(got, o1, S * OUT, t);
+  cmp("grouped_linear", got, want, S * OUT, t, 1e-5, 1e-5 * maxabs(want, S * OUT));
+  ck_grouped_linear_dgrad(dy, w, counts, want, S, E, IN, OUT);
+  RUN(rt_cuda_grouped_linear_dgrad(K, t, tw, t, ddy, dwt, dc, o2, S, E, IN, OUT));
+  get_f(got, o2, S * IN, t);
+  cmp("grouped_linear_dgrad", got, want, S * IN, t, 1e-5, 1e-5 * maxabs(want, S * IN));
+  ck_grouped_linear_wgrad(xs, dy, counts, want, S, E, IN, OUT);
+  for (int64_t i = 0; i < E * IN * OUT; i++) got[i] = 1.0f;
+  RUN(gpu_memset8(G, o3, 0xff, (size_t)E * IN * OUT * 4)); /* the empty expert must be written */
+  RUN(rt_cuda_grouped_linear_wgrad(K, t, t, CG_DT_F32, dxs, ddy, dc, o3, S, E, IN, OUT));
+  get_f(got, o3, E * IN * OUT, CG_DT_F32);
+  cmp("grouped_linear_wgrad (f32 out)", got, want, E * IN * OUT, CG_DT_F32, 1e-5, 1e-5 * maxabs(want, E * IN * OUT));
+  ck_grouped_colsum(dy, counts, want, S, E, OUT);
+  RUN(rt_cuda_grouped_colsum(K, t, ddy, dc, o3, S, E, OUT));
+  get_f(got, o3, E * OUT, CG_DT_F32);
+  cmp("grouped_colsum", got, want, E * OUT, CG_DT_F32, -1, 0);
+  expect_flag("grouped GEMMs", CK_OK);
+  counts[0] += 3; /* counts that overrun S */
+  upload(dc, counts, 4 * E);
+  RUN(rt_cuda_grouped_linear_fwd(K, t, tw, t, dxs, dwt, dc, o1, S, E, IN, OUT));
+  expect_flag("grouped_linear with bad counts", CK_EINDEX);
+  free(idx), free(xs), free(w), free(dy), free(want), free(got);
+  dfree_all();
+}
+
+static void test_grouped_mlp(cg_dtype t) {
+  printf("grouped_mlp fwd and bwd [%s]:\n", cg_dtype_name(t));
+  int32_t *idx = rnd_idx(), counts[E];
+  ck_expert_counts(idx, T, KK, E, counts);
+  const int64_t W = H + 2 * F, WB = 3 * F + 1;
+  float *xs = rnd(S * H, -1, 1, t), *wgu = rnd(E * H * 2 * F, -0.5f, 0.5f, t), *wd = rnd(E * F * H, -0.5f, 0.5f, t);
+  float *p = rnd(S, 0.1f, 1, CG_DT_F32), *dy = rnd(S * H, -1, 1, t);
+  float *want = falloc(S * W), *got = falloc(S * W), *gu = falloc(S * 2 * F);
+  gpu_ptr dc = up_raw(counts, 4 * E), dxs = up_f(xs, S * H, t), dgu = up_f(wgu, E * H * 2 * F, t), dwd = up_f(wd, E * F * H, t);
+  gpu_ptr dp = up_f(p, S, CG_DT_F32), ddy = up_f(dy, S * H, t), dout = dmalloc((size_t)S * W * 4);
+  ck_mlp_precision prec = {t == CG_DT_BF16, 0, 0};
+  ck_grouped_mlp_fwd(xs, wgu, wd, counts, p, want, S, E, H, F, prec);
+  RUN(rt_cuda_grouped_mlp_fwd(K, t, t, t, dxs, dgu, dwd, dc, dp, dout, S, E, H, F, 0));
+  get_f(got, dout, S * W, t);
+  const double rt = t == CG_DT_BF16 ? 2e-2 : 1e-5;
+  cmp("grouped_mlp", got, want, S * W, t, rt, rt * maxabs(want, S * W));
+  /* the backward from the CPU's gate_up (exactly representable in t) */
+  for (int64_t r = 0; r < S; r++) memcpy(gu + r * 2 * F, want + r * W + H, (size_t)(2 * F) * 4);
+  gpu_ptr dgate = up_f(gu, S * 2 * F, t), dob = dmalloc((size_t)S * WB * 4);
+  ck_grouped_mlp_bwd(dy, gu, wd, counts, p, want, S, E, H, F);
+  RUN(rt_cuda_grouped_mlp_bwd(K, t, t, t, t, ddy, dgate, dwd, dc, dp, dob, S, E, H, F));
+  get_f(got, dob, S * WB, t);
+  cmp("grouped_mlp_bwd", got, want, S * WB, t, rt, rt * maxabs(want, S * WB));
+  expect_flag("grouped_mlp", CK_OK);
+  free(idx), free(xs), free(wgu), free(wd), free(p), free(dy), free(want), free(got), free(gu);
+  dfree_all();
+}
+
+int main(void) {
+  double t0 = ck_now();
+  setvbuf(stdout, NULL, _IOLBF, 0);
+  const char *seed_env = getenv("MOEC_TEST_SEED");
+  uint64_t seed = seed_env ? strtoull(seed_env, NULL, 0) : (uint64_t)time(NULL);
+  ck_rng_state = seed;
+  char err[2048];
+  if (gpu_driver_load(err, sizeof err) != 0) {
+    printf("SKIP: no CUDA driver/GPU (%s)\n", err);
+    return 0;
+  }
+  int ndev = 0;
+  if (gpu_device_count(&ndev, err, sizeof err) != 0 || ndev == 0) {
+    printf("SKIP: no CUDA driver/GPU (%s)\n", ndev == 0 ? "the driver sees no GPU" : err);
+    return 0;
+  }
+  G = gpu_open(0, err, sizeof err);
+  if (!G) {
+    printf("FAIL: a GPU is present but cannot be opened: %s\n", err);
+    return 1;
+  }
+  printf("GPU 0: %s; seed %llu (MOEC_TEST_SEED repeats it)\n", gpu_info(G)->name, (unsigned long long)seed);
+  const char *cache = getenv("MOEC_TEST_CACHE");
+  rt_cuda_opts o = {.cache_dir = cache ? cache : "", .dump_dir = getenv("MOEC_DUMP_DIR")};
+  K = rt_cuda_new(G, &o, err, sizeof err);
+  if (!K) {
+    printf("FAIL: a GPU is present but its kernels cannot be built: %s\n", err);
+    gpu_close(G);
+    return 1;
+  }
+  test_sort();
+  for (int t = 0; t < CG_DT_COUNT; t++) {
+    test_permute((cg_dtype)t);
+    test_copy_cols((cg_dtype)t);
+    for (int w = 0; w < CG_DT_COUNT; w++) test_grouped_gemm((cg_dtype)t, (cg_dtype)w);
+    test_grouped_mlp((cg_dtype)t);
+  }
+  rt_cuda_free(K);
+  gpu_close(G);
+  return ck_finish("test_gpu_fused", t0);
+}
