@@ -649,20 +649,164 @@ static int exec_ADAMW(gx *x, int id) {
   return ck(x, id, rt_cuda_adamw_step(KX, p->w, V(id, 1)->p, p->m, p->v, x->rt->ps->p[i].numel, V(id, 2)->p, &hp));
 }
 
-/* The ops of the fusion passes (group-linear, grouped-mlp, mxfp8) have no GPU kernels yet:
- * the grouped GEMM and the fused GroupedMLP are the next GPU issue. Until then `moec train
- * --device cuda` runs the step without those passes (driver/moec.c), and a graph that has
- * them stops here with a message. */
+/* ---- the fusion passes' ops (group-linear, grouped-mlp): expert-sorted rows, counts read on
+ * the device (codegen/cg_grouped.c); nothing here waits for the GPU. ---- */
+#define OPTP(id, k) (N(id)->n_in > (k) ? V(id, k)->p : 0)
+static int need_f32(gx *x, int id, int v, const char *what) {
+  return x->g->nodes[v].type.dtype == DT_F32 ? 0 : fail(x, id, "%s must be f32 on the GPU", what);
+}
+
+static int exec_EXPERT_COUNTS(gx *x, int id) {
+  const dev_value *idx = V(id, 0);
+  if (alloc_out(x, id, N(id)->type.dims[0], 0)) return -1;
+  return ck(x, id, rt_cuda_expert_counts(KX, idx->p, idx->rows, INCOLS(id, 0), N(id)->type.dims[0], x->val[id].p));
+}
+
+static int exec_EXPERT_SORT(gx *x, int id) {
+  const dev_value *idx = V(id, 0);
+  if (alloc_out(x, id, idx->rows * INCOLS(id, 0), 0)) return -1;
+  return ck(x, id, rt_cuda_expert_sort(KX, idx->p, idx->rows, INCOLS(id, 0), ir_get_int(N(id), "experts", 0), x->val[id].p));
+}
+
+static int exec_EXPERT_PERMUTE(gx *x, int id) {
+  const dev_value *a = V(id, 0);
+  int64_t k = ir_get_int(N(id), "top_k", 1);
+  cg_dtype tw = N(id)->n_in > 2 ? DT(x, N(id)->in[2]) : CG_DT_F32;
+  if (alloc_out(x, id, a->rows * k, 0)) return -1;
+  if (DT(x, N(id)->in[0]) != DT(x, id)) return fail(x, id, "input and output dtypes differ");
+  return ck(x, id, rt_cuda_expert_permute(KX, DT(x, id), tw, a->p, V(id, 1)->p, OPTP(id, 2), x->val[id].p, a->rows, k, COLS(id)));
+}
+
+static int exec_EXPERT_UNPERMUTE(gx *x, int id) {
+  const dev_value *ys = V(id, 0);
+  int64_t k = ir_get_int(N(id), "top_k", 1);
+  cg_dtype tw = N(id)->n_in > 2 ? DT(x, N(id)->in[2]) : CG_DT_F32;
+  if (alloc_out(x, id, ys->rows / k, 0)) return -1;
+  if (DT(x, N(id)->in[0]) != DT(x, id)) return fail(x, id, "input and output dtypes differ");
+  return ck(x, id, rt_cuda_expert_unpermute(KX, DT(x, id), tw, ys->p, V(id, 1)->p, OPTP(id, 2), x->val[id].p, ys->rows / k, k,
+                                            COLS(id)));
+}
+
+static int exec_EXPERT_PROBS(gx *x, int id) {
+  const dev_value *w = V(id, 0);
+  if (need_f32(x, id, N(id)->in[0], "the routing weights") || need_f32(x, id, id, "the probabilities")) return -1;
+  if (alloc_out(x, id, w->numel, 0)) return -1;
+  return ck(x, id, rt_cuda_expert_probs(KX, w->p, V(id, 1)->p, x->val[id].p, w->rows, INCOLS(id, 0)));
+}
+
+static int exec_EXPERT_PROBS_BWD(gx *x, int id) {
+  int64_t k = COLS(id), T = V(id, 0)->rows / k;
+  if (need_f32(x, id, N(id)->in[0], "the probabilities' gradient") || need_f32(x, id, id, "the routing weights' gradient"))
+    return -1;
+  if (alloc_out(x, id, T, 0)) return -1;
+  return ck(x, id, rt_cuda_expert_probs_bwd(KX, V(id, 0)->p, V(id, 1)->p, x->val[id].p, T, k));
+}
+
+static int exec_EXPERT_WEIGHT_GRAD(gx *x, int id) {
+  const dev_value *a = V(id, 0);
+  if (need_f32(x, id, id, "the routing weights' gradient")) return -1;
+  if (alloc_out(x, id, a->rows, 0)) return -1;
+  return ck(x, id, rt_cuda_expert_weight_grad(KX, DT(x, N(id)->in[0]), DT(x, N(id)->in[1]), a->p, V(id, 1)->p, V(id, 2)->p,
+                                              x->val[id].p, a->rows, COLS(id), INCOLS(id, 0)));
+}
+
+static int exec_STACK(gx *x, int id) {
+  /* out[e, :, part p columns] = operand p*E + e */
+  const ir_type *t = &N(id)->type;
+  int64_t E = t->dims[0], in = t->dims[1], C = t->dims[2], parts = N(id)->n_in / E, c0 = 0;
+  size_t es = dsize(t->dtype);
+  if (alloc_out(x, id, E, 0)) return -1;
+  for (int64_t p = 0; p < parts; p++) {
+    int64_t w = INCOLS(id, (int)(p * E));
+    for (int64_t e = 0; e < E; e++) {
+      int v = N(id)->in[p * E + e];
+      if (ck(x, id, rt_cuda_copy_cols(KX, DT(x, v), DT(x, id), x->val[v].p, w, 0, x->val[id].p + (gpu_ptr)((size_t)(e * in * C) * es),
+                                      C, c0, in, w)))
+        return -1;
+    }
+    c0 += w;
+  }
+  return 0;
+}
+
+static int exec_UNSTACK(gx *x, int id) {
+  int64_t in = N(N(id)->in[0])->type.dims[1], C = INCOLS(id, 0), e = ir_get_int(N(id), "expert", 0),
+          start = ir_get_int(N(id), "start", 0), w = COLS(id);
+  size_t es = dsize(N(N(id)->in[0])->type.dtype);
+  if (alloc_out(x, id, in, 0)) return -1;
+  return ck(x, id, rt_cuda_copy_cols(KX, DT(x, N(id)->in[0]), DT(x, id), V(id, 0)->p + (gpu_ptr)((size_t)(e * in * C) * es), C,
+                                     start, x->val[id].p, w, 0, in, w));
+}
+
+static int exec_PAD_COLS(gx *x, int id) {
+  const dev_value *a = V(id, 0);
+  int64_t w = INCOLS(id, 0), start = ir_get_int(N(id), "start", 0), W = COLS(id);
+  if (alloc_out(x, id, a->rows, 1)) return -1;
+  return ck(x, id, rt_cuda_copy_cols(KX, DT(x, N(id)->in[0]), DT(x, id), a->p, w, 0, x->val[id].p, W, start, a->rows, w));
+}
+
+#define DIMOF(id, k, d) (x->g->nodes[N(id)->in[k]].type.dims[d])
+static int exec_GROUPED_LINEAR(gx *x, int id) {
+  const dev_value *a = V(id, 0);
+  if (N(id)->n_in > 3) return fail(x, id, "a grouped linear with a bias is not on the GPU yet");
+  int64_t E = DIMOF(id, 1, 0), in = DIMOF(id, 1, 1), out = DIMOF(id, 1, 2);
+  if (alloc_out(x, id, a->rows, 0)) return -1;
+  return ck(x, id, rt_cuda_grouped_linear_fwd(KX, DT(x, N(id)->in[0]), DT(x, N(id)->in[1]), DT(x, id), a->p, V(id, 1)->p,
+                                              V(id, 2)->p, x->val[id].p, a->rows, E, in, out));
+}
+
+static int exec_GROUPED_LINEAR_DGRAD(gx *x, int id) {
+  const dev_value *dy = V(id, 0);
+  int64_t E = DIMOF(id, 1, 0), in = DIMOF(id, 1, 1), out = DIMOF(id, 1, 2);
+  if (alloc_out(x, id, dy->rows, 0)) return -1;
+  return ck(x, id, rt_cuda_grouped_linear_dgrad(KX, DT(x, N(id)->in[0]), DT(x, N(id)->in[1]), DT(x, id), dy->p, V(id, 1)->p,
+                                                V(id, 2)->p, x->val[id].p, dy->rows, E, in, out));
+}
+
+static int exec_GROUPED_LINEAR_WGRAD(gx *x, int id) {
+  const dev_value *a = V(id, 0);
+  const ir_type *t = &N(id)->type;
+  if (alloc_out(x, id, t->dims[0], 0)) return -1;
+  return ck(x, id, rt_cuda_grouped_linear_wgrad(KX, DT(x, N(id)->in[0]), DT(x, N(id)->in[1]), DT(x, id), a->p, V(id, 1)->p,
+                                                V(id, 2)->p, x->val[id].p, a->rows, t->dims[0], t->dims[1], t->dims[2]));
+}
+
+static int exec_GROUPED_COLSUM(gx *x, int id) {
+  const dev_value *dy = V(id, 0);
+  int64_t E = N(id)->type.dims[0];
+  if (need_f32(x, id, id, "the bias gradient")) return -1;
+  if (alloc_out(x, id, E, 0)) return -1;
+  return ck(x, id, rt_cuda_grouped_colsum(KX, DT(x, N(id)->in[0]), dy->p, V(id, 1)->p, x->val[id].p, dy->rows, E, COLS(id)));
+}
+
+static int exec_GROUPED_MLP(gx *x, int id) {
+  const dev_value *a = V(id, 0);
+  int64_t E = DIMOF(id, 1, 0), H = INCOLS(id, 0), F = ir_get_int(N(id), "ffn", 0);
+  if (need_f32(x, id, N(id)->in[4], "the routing probabilities")) return -1;
+  if (DT(x, N(id)->in[1]) != DT(x, N(id)->in[2])) return fail(x, id, "w_gu and w_down dtypes differ");
+  if (alloc_out(x, id, a->rows, 0)) return -1;
+  return ck(x, id, rt_cuda_grouped_mlp_fwd(KX, DT(x, N(id)->in[0]), DT(x, N(id)->in[1]), DT(x, id), a->p, V(id, 1)->p,
+                                           V(id, 2)->p, V(id, 3)->p, V(id, 4)->p, x->val[id].p, a->rows, E, H, F,
+                                           ir_get_int(N(id), "mx_block", 0)));
+}
+
+static int exec_GROUPED_MLP_BWD(gx *x, int id) {
+  const dev_value *dy = V(id, 0);
+  int64_t E = DIMOF(id, 2, 0), H = INCOLS(id, 0), F = ir_get_int(N(id), "ffn", 0);
+  if (need_f32(x, id, N(id)->in[4], "the routing probabilities")) return -1;
+  if (alloc_out(x, id, dy->rows, 0)) return -1;
+  return ck(x, id, rt_cuda_grouped_mlp_bwd(KX, DT(x, N(id)->in[0]), DT(x, N(id)->in[1]), DT(x, N(id)->in[2]), DT(x, id), dy->p,
+                                           V(id, 1)->p, V(id, 2)->p, V(id, 3)->p, V(id, 4)->p, x->val[id].p, dy->rows, E, H,
+                                           F));
+}
+
+/* MXFP8 quantize/dequantize ops (the mxfp8 pass) have no GPU kernels in the executor yet. */
 #define NO_GPU_KERNEL(ID)                                                                             \
   static int exec_##ID(gx *x, int id) {                                                               \
-    return fail(x, id, "no GPU kernel for this op yet; run without the fusion passes "                \
-                       "(--disable-pass=group-linear,grouped-mlp,mxfp8) or with --device cpu");        \
+    return fail(x, id, "no GPU kernel for this op yet; run without the mxfp8 pass "                   \
+                       "(--disable-pass=mxfp8) or with --device cpu");                                \
   }
-NO_GPU_KERNEL(EXPERT_COUNTS) NO_GPU_KERNEL(EXPERT_SORT) NO_GPU_KERNEL(EXPERT_PERMUTE) NO_GPU_KERNEL(EXPERT_UNPERMUTE)
-NO_GPU_KERNEL(EXPERT_PROBS) NO_GPU_KERNEL(STACK) NO_GPU_KERNEL(GROUPED_LINEAR) NO_GPU_KERNEL(GROUPED_MLP)
-NO_GPU_KERNEL(PAD_COLS) NO_GPU_KERNEL(UNSTACK) NO_GPU_KERNEL(GROUPED_LINEAR_DGRAD) NO_GPU_KERNEL(GROUPED_LINEAR_WGRAD)
-NO_GPU_KERNEL(GROUPED_COLSUM) NO_GPU_KERNEL(GROUPED_MLP_BWD) NO_GPU_KERNEL(EXPERT_WEIGHT_GRAD)
-NO_GPU_KERNEL(EXPERT_PROBS_BWD) NO_GPU_KERNEL(MXFP8_QUANTIZE) NO_GPU_KERNEL(MXFP8_DEQUANTIZE)
+NO_GPU_KERNEL(MXFP8_QUANTIZE) NO_GPU_KERNEL(MXFP8_DEQUANTIZE)
 
 typedef int (*exec_fn)(gx *, int);
 static const exec_fn exec_table[] = {
