@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "ck_test.h"
 #include "runtime/gpu_kernels.h"
@@ -136,6 +137,35 @@ static double maxabs(const float *x, int64_t n) {
   double m = 0.0;
   for (int64_t i = 0; i < n; i++) m = fmax(m, fabs(x[i]));
   return m;
+}
+
+/* Seeds the random inputs (MOEC_TEST_SEED repeats a run), opens GPU 0 into G and builds the
+ * kernels into K (no disk cache unless MOEC_TEST_CACHE names one). Returns 0 ready, 1 when
+ * there is no driver or GPU (the test SKIPs: it prints why), -1 when a GPU is present but
+ * unusable (the test fails). */
+static int gpu_test_start(uint64_t *seed) {
+  setvbuf(stdout, NULL, _IOLBF, 0); /* a log that survives a crash */
+  const char *seed_env = getenv("MOEC_TEST_SEED");
+  *seed = seed_env ? strtoull(seed_env, NULL, 0) : (uint64_t)time(NULL);
+  ck_rng_state = *seed;
+  char err[2048] = "";
+  int ndev = 0;
+  if (gpu_driver_load(err, sizeof err) != 0 || gpu_device_count(&ndev, err, sizeof err) != 0 || ndev == 0) {
+    printf("SKIP: no CUDA driver/GPU (%s)\n", ndev == 0 && !err[0] ? "the driver sees no GPU" : err);
+    return 1;
+  }
+  if (!(G = gpu_open(0, err, sizeof err))) {
+    printf("FAIL: a GPU is present but cannot be opened: %s\n", err);
+    return -1;
+  }
+  const char *cache = getenv("MOEC_TEST_CACHE");
+  rt_cuda_opts o = {.cache_dir = cache ? cache : "", .dump_dir = getenv("MOEC_DUMP_DIR")};
+  if (!(K = rt_cuda_new(G, &o, err, sizeof err))) {
+    printf("FAIL: a GPU is present but its kernels cannot be built: %s\n", err);
+    gpu_close(G);
+    return -1;
+  }
+  return 0;
 }
 
 #endif

@@ -11,42 +11,7 @@
 #include "runtime/gpu_flash.h"
 #include "runtime/gpu_nvrtc.h"
 
-/* LeakSanitizer: NVRTC keeps process-lifetime allocations we cannot free. */
-const char *__lsan_default_suppressions(void);
-const char *__lsan_default_suppressions(void) { return "leak:libnvrtc\n"; }
-
-static int failures;
-#define FAIL(...)                                                                                  \
-  do {                                                                                             \
-    failures++;                                                                                    \
-    printf("FAIL: ");                                                                              \
-    printf(__VA_ARGS__);                                                                           \
-    printf("\n");                                                                                  \
-  } while (0)
-
-enum { SPILL_LIMIT = 64 };
-
-static void check_log(const char *arch, const char *log) {
-  for (const char *p = log; *p;) {
-    const char *e = strchr(p, '\n');
-    size_t n = e ? (size_t)(e - p) : strlen(p);
-    char line[512];
-    snprintf(line, sizeof line, "%.*s", (int)n, p);
-    const char *frame = strstr(line, "stack frame: "), *spill = strstr(line, "', ");
-    if (strstr(line, "ptxas warning : Local memory used") && frame) {
-      long bytes = strtol(frame + 13, NULL, 10);
-      printf("  note: %s: %s\n", arch, line + strlen("ptxas warning : "));
-      if (bytes > SPILL_LIMIT) FAIL("%s: %ld bytes of local memory (limit %d)", arch, bytes, SPILL_LIMIT);
-    } else if (strstr(line, "ptxas warning : Registers are spilled") && spill) {
-      long bytes = strtol(spill + 3, NULL, 10);
-      printf("  note: %s: %s\n", arch, line + strlen("ptxas warning : "));
-      if (bytes > SPILL_LIMIT) FAIL("%s: %ld bytes spilled (limit %d)", arch, bytes, SPILL_LIMIT);
-    } else if (strspn(line, " \t\r") != strlen(line)) {
-      FAIL("%s: NVRTC warned: %s", arch, line);
-    }
-    p += n + (e ? 1 : 0);
-  }
-}
+#include "nvrtc_check.h"
 
 #define COUNT_FWD(hd, w, bn, mb) +1
 #define COUNT_BWD(hd, w, bq, mb) +1
@@ -104,7 +69,7 @@ int main(void) {
       FAIL("%s:\n%s", archs[a], err);
       continue;
     }
-    check_log(archs[a], out.log);
+    check_nvrtc_log("flash", archs[a], out.log);
     printf("  flash_attention %-10s %8zu bytes of %s\n", archs[a], out.size, out.is_ptx ? "PTX" : "cubin");
     if (out.is_ptx) check_ptx((const char *)out.image);
     gpu_nvrtc_out_free(&out);

@@ -189,34 +189,10 @@ static void test_grouped_mlp(cg_dtype t) {
 
 int main(void) {
   double t0 = ck_now();
-  setvbuf(stdout, NULL, _IOLBF, 0);
-  const char *seed_env = getenv("MOEC_TEST_SEED");
-  uint64_t seed = seed_env ? strtoull(seed_env, NULL, 0) : (uint64_t)time(NULL);
-  ck_rng_state = seed;
-  char err[2048];
-  if (gpu_driver_load(err, sizeof err) != 0) {
-    printf("SKIP: no CUDA driver/GPU (%s)\n", err);
-    return 0;
-  }
-  int ndev = 0;
-  if (gpu_device_count(&ndev, err, sizeof err) != 0 || ndev == 0) {
-    printf("SKIP: no CUDA driver/GPU (%s)\n", ndev == 0 ? "the driver sees no GPU" : err);
-    return 0;
-  }
-  G = gpu_open(0, err, sizeof err);
-  if (!G) {
-    printf("FAIL: a GPU is present but cannot be opened: %s\n", err);
-    return 1;
-  }
+  uint64_t seed;
+  int st = gpu_test_start(&seed);
+  if (st) return st < 0;
   printf("GPU 0: %s; seed %llu (MOEC_TEST_SEED repeats it)\n", gpu_info(G)->name, (unsigned long long)seed);
-  const char *cache = getenv("MOEC_TEST_CACHE");
-  rt_cuda_opts o = {.cache_dir = cache ? cache : "", .dump_dir = getenv("MOEC_DUMP_DIR")};
-  K = rt_cuda_new(G, &o, err, sizeof err);
-  if (!K) {
-    printf("FAIL: a GPU is present but its kernels cannot be built: %s\n", err);
-    gpu_close(G);
-    return 1;
-  }
   test_sort();
   for (int t = 0; t < CG_DT_COUNT; t++) {
     test_permute((cg_dtype)t);

@@ -567,38 +567,14 @@ static void test_oom(void) {
 
 int main(void) {
   double t0 = ck_now();
-  setvbuf(stdout, NULL, _IOLBF, 0); /* a log that survives a crash */
-  const char *seed_env = getenv("MOEC_TEST_SEED");
-  uint64_t seed = seed_env ? strtoull(seed_env, NULL, 0) : (uint64_t)time(NULL);
-  ck_rng_state = seed;
-  char err[2048];
-  if (gpu_driver_load(err, sizeof err) != 0) {
-    printf("SKIP: no CUDA driver/GPU (%s)\n", err);
-    return 0;
-  }
-  int ndev = 0;
-  if (gpu_device_count(&ndev, err, sizeof err) != 0 || ndev == 0) {
-    printf("SKIP: no CUDA driver/GPU (%s)\n", ndev == 0 ? "the driver sees no GPU" : err);
-    return 0;
-  }
-  G = gpu_open(0, err, sizeof err);
-  if (!G) {
-    printf("FAIL: a GPU is present but cannot be opened: %s\n", err);
-    return 1;
-  }
+  uint64_t seed;
+  int st = gpu_test_start(&seed);
+  if (st) return st < 0;
   const gpu_device_info *d = gpu_info(G);
   char mem[32];
   printf("GPU 0: %s, sm_%d%d, %d SMs, %s, driver %d.%d; seed %llu (MOEC_TEST_SEED repeats it)\n", d->name,
          d->cc_major, d->cc_minor, d->sm_count, gpu_fmt_bytes(d->total_mem, mem, sizeof mem),
          d->driver_version / 1000, d->driver_version % 1000 / 10, (unsigned long long)seed);
-  const char *cache = getenv("MOEC_TEST_CACHE"); /* default: no disk cache, always compile */
-  rt_cuda_opts o = {.cache_dir = cache ? cache : "", .dump_dir = getenv("MOEC_DUMP_DIR")};
-  K = rt_cuda_new(G, &o, err, sizeof err);
-  if (!K) {
-    printf("FAIL: a GPU is present but its kernels cannot be built: %s\n", err);
-    gpu_close(G);
-    return 1;
-  }
   printf("kernels built for %s\n", rt_cuda_arch(K));
   if (rt_cuda_load_all(K) != 0) {
     printf("FAIL: %s\n", rt_cuda_error(K));

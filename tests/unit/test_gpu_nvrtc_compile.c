@@ -24,45 +24,7 @@
 #include "runtime/gpu_nvrtc.h"
 #include "runtime/gpu_sha256.h"
 
-/* LeakSanitizer: NVRTC keeps process-lifetime allocations we cannot free. */
-const char *__lsan_default_suppressions(void);
-const char *__lsan_default_suppressions(void) { return "leak:libnvrtc\n"; }
-
-static int failures;
-#define FAIL(...)                                                                                  \
-  do {                                                                                             \
-    failures++;                                                                                    \
-    printf("FAIL: ");                                                                              \
-    printf(__VA_ARGS__);                                                                           \
-    printf("\n");                                                                                  \
-  } while (0)
-
-enum { SPILL_LIMIT = 64 };
-
-/* Splits NVRTC's log: ptxas spill / local-memory notes are printed (and counted against
- * SPILL_LIMIT); any other non-blank line is a warning and fails. */
-static void check_log(const char *mod, const char *arch, const char *log) {
-  const char *p = log;
-  while (*p) {
-    const char *e = strchr(p, '\n');
-    size_t n = e ? (size_t)(e - p) : strlen(p);
-    char line[512];
-    snprintf(line, sizeof line, "%.*s", (int)n, p);
-    const char *note = strstr(line, "ptxas warning : Local memory used") ? strstr(line, "stack frame: ")
-                     : strstr(line, "ptxas warning : Registers are spilled") ? strstr(line, "function '")
-                                                                           : NULL;
-    if (note) {
-      const char *b = strstr(line, "frame: ") ? strstr(line, "frame: ") + 7 : strstr(line, "', ") ? strstr(line, "', ") + 3 : "0";
-      long bytes = strtol(b, NULL, 10);
-      printf("  note: %s %s: %s\n", mod, arch, line + strlen("ptxas warning : "));
-      if (bytes > SPILL_LIMIT) FAIL("%s for %s: %ld bytes of local memory or spills (limit %d)", mod, arch, bytes, SPILL_LIMIT);
-    } else if (strspn(line, " \t\r") != strlen(line)) {
-      FAIL("%s for %s: NVRTC warned:\n%s", mod, arch, log);
-      return;
-    }
-    p += n + (e ? 1 : 0);
-  }
-}
+#include "nvrtc_check.h"
 
 static double now(void) {
   struct timespec ts;
@@ -163,7 +125,7 @@ int main(void) {
         } else if (gpu_nvrtc_compile(mod, src, &o, &out, err, sizeof err) != 0) {
           FAIL("%s for %s:\n%s", mod, archs[a], err);
         } else {
-          check_log(mod, archs[a], out.log);
+          check_nvrtc_log(mod, archs[a], out.log);
           printf("  %-16s %-7s %7zu bytes of cubin  %.2f s\n", mod, archs[a], out.size, now() - t);
           n_modules++;
           gpu_nvrtc_out_free(&out);
@@ -182,7 +144,7 @@ int main(void) {
       if (gpu_nvrtc_compile(extra[i].name, extra[i].src, &o, &out, err, sizeof err) != 0) {
         FAIL("%s for %s:\n%s", extra[i].name, archs[a], err);
       } else {
-        check_log(extra[i].name, archs[a], out.log);
+        check_nvrtc_log(extra[i].name, archs[a], out.log);
         printf("  %-16s %-7s %7zu bytes of cubin  %.2f s\n", extra[i].name, archs[a], out.size, now() - t);
         n_modules++;
         gpu_nvrtc_out_free(&out);
