@@ -14,6 +14,7 @@
 #include "gpu_attention.h"
 #include "gpu_blas.h"
 #include "gpu_kernels.h"
+#include "gpu_profile.h"
 
 /* ---------------------------------------------------------------- the runtime */
 typedef struct {
@@ -191,6 +192,7 @@ struct gpu_exec {
   int64_t T;
   gpu_ptr gnorm;          /* f32 () the last grad_norm */
   int keep_all;
+  gpu_profile *prof;      /* MOEC_PROFILE=1: per-op times, printed when the executor is freed */
   int64_t step;
   char *err;
   size_t errlen;
@@ -848,6 +850,7 @@ gpu_exec *gpu_exec_new(gpu_runtime *rt, const ir_graph *g, char *err, size_t err
     }
   }
   for (int i = 0; i < g->n_outputs; i++) x->last_use[g->outputs[i]] = g->n_nodes;
+  x->prof = gpu_profile_from_env(rt->g, g);
   if (gpu_alloc(rt->g, &x->tokens, (size_t)x->T * 4, "the batch") || gpu_alloc(rt->g, &x->labels, (size_t)x->T * 4, "the batch")) {
     snprintf(err, errlen, "%s", gpu_error(rt->g));
     gpu_exec_free(x);
@@ -858,6 +861,8 @@ gpu_exec *gpu_exec_new(gpu_runtime *rt, const ir_graph *g, char *err, size_t err
 
 void gpu_exec_free(gpu_exec *x) {
   if (!x) return;
+  gpu_profile_print(x->prof, stderr);
+  gpu_profile_free(x->prof);
   if (x->val)
     for (int i = 0; i < x->g->n_nodes; i++) release(x, &x->val[i]);
   routes_release(x);
@@ -903,12 +908,17 @@ int gpu_exec_run(gpu_exec *x, const int32_t *tokens, const int32_t *labels, int6
   }
   int rc = 0;
   for (int id = 0; id < g->n_nodes && rc == 0; id++) {
+    gpu_profile_mark(x->prof, id);
     rc = exec_table[g->nodes[id].op](x, id);
     if (!x->keep_all)
       for (int j = 0; j < g->nodes[id].n_in; j++) {
         int v = g->nodes[id].in[j];
         if (x->last_use[v] == id) release(x, &x->val[v]);
       }
+  }
+  if (rc == 0) {
+    gpu_profile_mark(x->prof, g->n_nodes);
+    gpu_profile_step_done(x->prof);
   }
   int ckc = CK_OK;
   if (rc == 0 && rt_cuda_check(KX, &ckc) != 0) rc = -1, snprintf(err, errlen, "%s", rt_cuda_error(KX));

@@ -43,6 +43,8 @@ int rtk_launch3(rt_cuda *k, cg_family f, const char *name, uint64_t gx, uint64_t
  * call that grows it have finished: growing waits for the stream). */
 int rtk_scratch(rt_cuda *k, size_t bytes, gpu_ptr *p);
 static inline uint64_t rtk_blocks(int64_t n, int64_t per) { return n <= 0 ? 0 : (uint64_t)((n + per - 1) / per); }
+/* Blocks of CG_NT_EW threads for an ew_loop kernel over n values (a thread per 8). */
+static inline uint64_t rtk_vec_blocks(int64_t n) { return rtk_blocks((n + 7) / 8, CG_NT_EW); }
 static inline size_t rtk_align(size_t b) { return (b + 255) & ~(size_t)255; }
 
 #endif

@@ -19,38 +19,38 @@ static size_t dt_size(cg_dtype t) { return t == CG_DT_BF16 ? 2 : 4; }
 int rt_cuda_cast(rt_cuda *k, cg_dtype tx, gpu_ptr x, cg_dtype ty, gpu_ptr y, int64_t n) {
   char name[64];
   KN("cast", 2, tx, ty);
-  return rtk_launch(k, CG_FAM_ELEMENTWISE, NULL, name, rtk_blocks(n, CG_NT_EW), 1, CG_NT_EW, ARGS(&x, &y, &n));
+  return rtk_launch(k, CG_FAM_ELEMENTWISE, NULL, name, rtk_vec_blocks(n), 1, CG_NT_EW, ARGS(&x, &y, &n));
 }
 
 int rt_cuda_silu_fwd(rt_cuda *k, cg_dtype t, gpu_ptr x, gpu_ptr y, int64_t n) {
   char name[64];
   KN("silu_fwd", 1, t);
-  return rtk_launch(k, CG_FAM_ELEMENTWISE, NULL, name, rtk_blocks(n, CG_NT_EW), 1, CG_NT_EW, ARGS(&x, &y, &n));
+  return rtk_launch(k, CG_FAM_ELEMENTWISE, NULL, name, rtk_vec_blocks(n), 1, CG_NT_EW, ARGS(&x, &y, &n));
 }
 
 int rt_cuda_silu_bwd(rt_cuda *k, cg_dtype t, gpu_ptr x, gpu_ptr dy, gpu_ptr dx, int64_t n) {
   char name[64];
   KN("silu_bwd", 1, t);
-  return rtk_launch(k, CG_FAM_ELEMENTWISE, NULL, name, rtk_blocks(n, CG_NT_EW), 1, CG_NT_EW, ARGS(&x, &dy, &dx, &n));
+  return rtk_launch(k, CG_FAM_ELEMENTWISE, NULL, name, rtk_vec_blocks(n), 1, CG_NT_EW, ARGS(&x, &dy, &dx, &n));
 }
 
 int rt_cuda_mul_fwd(rt_cuda *k, cg_dtype t, gpu_ptr a, gpu_ptr b, gpu_ptr y, int64_t n) {
   char name[64];
   KN("mul_fwd", 1, t);
-  return rtk_launch(k, CG_FAM_ELEMENTWISE, NULL, name, rtk_blocks(n, CG_NT_EW), 1, CG_NT_EW, ARGS(&a, &b, &y, &n));
+  return rtk_launch(k, CG_FAM_ELEMENTWISE, NULL, name, rtk_vec_blocks(n), 1, CG_NT_EW, ARGS(&a, &b, &y, &n));
 }
 
 int rt_cuda_mul_bwd(rt_cuda *k, cg_dtype t, gpu_ptr a, gpu_ptr b, gpu_ptr dy, gpu_ptr da, gpu_ptr db, int64_t n) {
   char name[64];
   KN("mul_bwd", 1, t);
-  return rtk_launch(k, CG_FAM_ELEMENTWISE, NULL, name, rtk_blocks(n, CG_NT_EW), 1, CG_NT_EW,
+  return rtk_launch(k, CG_FAM_ELEMENTWISE, NULL, name, rtk_vec_blocks(n), 1, CG_NT_EW,
                     ARGS(&a, &b, &dy, &da, &db, &n));
 }
 
 int rt_cuda_add_fwd(rt_cuda *k, cg_dtype t, gpu_ptr a, gpu_ptr b, gpu_ptr y, int64_t n) {
   char name[64];
   KN("add_fwd", 1, t);
-  return rtk_launch(k, CG_FAM_ELEMENTWISE, NULL, name, rtk_blocks(n, CG_NT_EW), 1, CG_NT_EW, ARGS(&a, &b, &y, &n));
+  return rtk_launch(k, CG_FAM_ELEMENTWISE, NULL, name, rtk_vec_blocks(n), 1, CG_NT_EW, ARGS(&a, &b, &y, &n));
 }
 
 int rt_cuda_add_bwd(rt_cuda *k, cg_dtype t, gpu_ptr dy, gpu_ptr da, gpu_ptr db, int64_t n) {
@@ -70,7 +70,7 @@ int rt_cuda_slice_cols(rt_cuda *k, cg_dtype t, gpu_ptr x, gpu_ptr y, int64_t row
   if (start < 0 || w < 0 || start + w > W) return rtk_fail(k, "slice_cols: columns [%lld, %lld) outside [0, %lld)", (long long)start, (long long)(start + w), (long long)W);
   char name[64];
   KN("slice_cols", 1, t);
-  return rtk_launch(k, CG_FAM_ELEMENTWISE, NULL, name, rtk_blocks(rows * w, CG_NT_EW), 1, CG_NT_EW,
+  return rtk_launch(k, CG_FAM_ELEMENTWISE, NULL, name, rtk_vec_blocks(rows * w), 1, CG_NT_EW,
                     ARGS(&x, &y, &rows, &W, &start, &w));
 }
 
@@ -363,7 +363,7 @@ int rt_cuda_adamw_step(rt_cuda *k, gpu_ptr p, gpu_ptr g, gpu_ptr m, gpu_ptr v, i
   float neg_step = (float)(-(hp->lr / bc1)), bc2_sqrt = (float)sqrt(bc2), eps = (float)hp->eps;
   int small = fabsf(w1) < 0.5f, decay_on = hp->wd != 0.0;
   float clip = hp->clip > 0 ? (float)hp->clip : 0.0f;
-  return rtk_launch(k, CG_FAM_OPTIM, NULL, "moec_adamw", rtk_blocks(n, CG_NT_EW), 1, CG_NT_EW,
+  return rtk_launch(k, CG_FAM_OPTIM, NULL, "moec_adamw", rtk_vec_blocks(n), 1, CG_NT_EW,
                     ARGS(&p, &g, &m, &v, &n, &gnorm, &clip, &decay, &w1, &b2, &c2, &neg_step, &bc2_sqrt, &eps, &small,
                          &decay_on));
 }

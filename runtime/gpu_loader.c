@@ -458,3 +458,24 @@ int gpu_timer_stop(gpu_ctx *g, gpu_timer *t, float *ms) {
   CALL(g, cu.EventElapsedTime(ms, t->start, t->stop), "cuEventElapsedTime");
   return 0;
 }
+
+int gpu_event_new(gpu_ctx *g, void **ev) {
+  CALL(g, cu.EventCreate((CUevent *)ev, CU_EVENT_DEFAULT), "cuEventCreate");
+  return 0;
+}
+
+int gpu_event_record(gpu_ctx *g, void *ev) {
+  CALL(g, cu.EventRecord(ev, g->stream), "cuEventRecord");
+  return 0;
+}
+
+int gpu_event_elapsed(gpu_ctx *g, void *earlier, void *later, float *ms) {
+  CALL(g, cu.EventSynchronize(later), "cuEventSynchronize");
+  CALL(g, cu.EventElapsedTime(ms, earlier, later), "cuEventElapsedTime");
+  return 0;
+}
+
+void gpu_event_free(gpu_ctx *g, void *ev) {
+  (void)g;
+  if (ev) cu.EventDestroy(ev);
+}

@@ -89,6 +89,12 @@ typedef struct {
 int gpu_timer_start(gpu_ctx *g, gpu_timer *t);
 int gpu_timer_stop(gpu_ctx *g, gpu_timer *t, float *ms);
 void gpu_timer_free(gpu_ctx *g, gpu_timer *t);
+/* Single events, for many marks on one timeline (the per-op profile): record queues the mark
+ * on the stream; elapsed waits for `later` and gives the milliseconds since `earlier`. */
+int gpu_event_new(gpu_ctx *g, void **ev);
+int gpu_event_record(gpu_ctx *g, void *ev);
+int gpu_event_elapsed(gpu_ctx *g, void *earlier, void *later, float *ms);
+void gpu_event_free(gpu_ctx *g, void *ev);
 
 /* "CUDA_ERROR_OUT_OF_MEMORY: out of memory" for a CUresult, via the driver when loaded. */
 const char *gpu_result_string(int result, char *buf, size_t len);

@@ -49,7 +49,7 @@ static pthread_once_t load_once = PTHREAD_ONCE_INIT;
 static int load_rc = -1;
 static char load_err[1024];
 
-const char *const gpu_nvrtc_base_options[] = {"--std=c++17", "--fmad=false", "--generate-line-info", NULL};
+const char *const gpu_nvrtc_base_options[] = {"--std=c++17", "-default-device", "--fmad=false", "--generate-line-info", NULL};
 
 static void fmt(char *buf, size_t len, const char *f, ...) {
   va_list ap;

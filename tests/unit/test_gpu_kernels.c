@@ -51,6 +51,16 @@ static void test_cast(void) {
       char what[64];
       snprintf(what, sizeof what, "cast %s -> %s", cg_dtype_name((cg_dtype)ti), cg_dtype_name((cg_dtype)to));
       cmp(what, y, x, n, (cg_dtype)to, -1, 0);
+      /* the scalar path (16-byte loads need aligned pointers) and the tail past n / 8 * 8:
+       * from the second element on, n - 4 values */
+      RUN(rt_cuda_cast(K, (cg_dtype)ti, dx + dts((cg_dtype)ti), (cg_dtype)to, dy, n - 4));
+      get_f(y, dy, n - 4, (cg_dtype)to);
+      snprintf(what, sizeof what, "cast %s -> %s, unaligned, n %% 8 = 4", cg_dtype_name((cg_dtype)ti), cg_dtype_name((cg_dtype)to));
+      cmp(what, y, x + 1, n - 4, (cg_dtype)to, -1, 0);
+      RUN(rt_cuda_cast(K, (cg_dtype)ti, dx, (cg_dtype)to, dy, n - 3));
+      get_f(y, dy, n - 3, (cg_dtype)to);
+      snprintf(what, sizeof what, "cast %s -> %s, n %% 8 = 5", cg_dtype_name((cg_dtype)ti), cg_dtype_name((cg_dtype)to));
+      cmp(what, y, x, n - 3, (cg_dtype)to, -1, 0);
       free(x), free(y);
       dfree_all();
     }

@@ -1,0 +1,104 @@
+/* gpu_profile.c -- per-op GPU time of the training step; see gpu_profile.h. */
+#include "gpu_profile.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+struct gpu_profile {
+  gpu_ctx *g;
+  const ir_graph *graph;
+  void **ev;          /* (n_nodes + 1) events, one before each op and one at the end */
+  unsigned char *hit; /* (n_nodes + 1) marked this step */
+  double *node_ms;    /* (n_nodes) summed over counted steps */
+  int steps, skip, seen;
+};
+
+gpu_profile *gpu_profile_from_env(gpu_ctx *g, const ir_graph *graph) {
+  const char *e = getenv("MOEC_PROFILE");
+  if (!e || !*e || strcmp(e, "0") == 0) return NULL;
+  gpu_profile *p = calloc(1, sizeof *p);
+  int n = graph->n_nodes + 1;
+  if (!p || !(p->ev = calloc((size_t)n, sizeof *p->ev)) || !(p->hit = calloc((size_t)n, 1)) ||
+      !(p->node_ms = calloc((size_t)n, sizeof *p->node_ms))) {
+    gpu_profile_free(p);
+    return NULL;
+  }
+  p->g = g;
+  p->graph = graph;
+  p->skip = 2;
+  for (int i = 0; i < n; i++)
+    if (gpu_event_new(g, &p->ev[i]) != 0) {
+      gpu_profile_free(p);
+      return NULL;
+    }
+  return p;
+}
+
+void gpu_profile_mark(gpu_profile *p, int id) {
+  if (!p) return;
+  if (gpu_event_record(p->g, p->ev[id]) == 0) p->hit[id] = 1;
+}
+
+void gpu_profile_step_done(gpu_profile *p) {
+  if (!p) return;
+  int n = p->graph->n_nodes;
+  if (++p->seen > p->skip) {
+    int prev = -1;
+    for (int i = 0; i <= n; i++) {
+      if (!p->hit[i]) continue;
+      float ms = 0;
+      if (prev >= 0 && gpu_event_elapsed(p->g, p->ev[prev], p->ev[i], &ms) == 0) p->node_ms[prev] += ms;
+      prev = i;
+    }
+    p->steps++;
+  }
+  memset(p->hit, 0, (size_t)n + 1);
+}
+
+static const double *sort_key;
+static int by_time_desc(const void *a, const void *b) {
+  double x = sort_key[*(const int *)a], y = sort_key[*(const int *)b];
+  return (x < y) - (x > y);
+}
+
+void gpu_profile_print(const gpu_profile *p, FILE *out) {
+  if (!p || p->steps == 0) return;
+  int n = p->graph->n_nodes;
+  double op_ms[OP_COUNT] = {0}, total = 0;
+  int op_n[OP_COUNT] = {0};
+  for (int i = 0; i < n; i++) {
+    op_ms[p->graph->nodes[i].op] += p->node_ms[i] / p->steps;
+    op_n[p->graph->nodes[i].op]++;
+    total += p->node_ms[i] / p->steps;
+  }
+  int order[OP_COUNT];
+  for (int i = 0; i < OP_COUNT; i++) order[i] = i;
+  sort_key = op_ms;
+  qsort(order, OP_COUNT, sizeof order[0], by_time_desc);
+  fprintf(out, "GPU profile: %.2f ms per step, mean of %d steps (MOEC_PROFILE)\n", total, p->steps);
+  fprintf(out, "  %-22s %10s %6s %6s\n", "op", "ms/step", "%", "count");
+  for (int k = 0; k < OP_COUNT && op_ms[order[k]] > 0; k++)
+    fprintf(out, "  %-22s %10.3f %6.1f %6d\n", ir_ops[order[k]].name, op_ms[order[k]], 100 * op_ms[order[k]] / total, op_n[order[k]]);
+  int *nodes = malloc((size_t)n * sizeof *nodes);
+  if (!nodes) return;
+  for (int i = 0; i < n; i++) nodes[i] = i;
+  sort_key = p->node_ms;
+  qsort(nodes, (size_t)n, sizeof nodes[0], by_time_desc);
+  fprintf(out, "  slowest ops:\n");
+  for (int k = 0; k < 12 && k < n; k++) {
+    const ir_node *nd = &p->graph->nodes[nodes[k]];
+    fprintf(out, "  %%%-6d %-20s %9.3f ms  %s:%d\n", nodes[k], ir_ops[nd->op].name, p->node_ms[nodes[k]] / p->steps,
+            nd->loc.file ? nd->loc.file : "?", nd->loc.line);
+  }
+  free(nodes);
+}
+
+void gpu_profile_free(gpu_profile *p) {
+  if (!p) return;
+  if (p->ev)
+    for (int i = 0; i <= p->graph->n_nodes; i++) gpu_event_free(p->g, p->ev[i]);
+  free(p->ev);
+  free(p->hit);
+  free(p->node_ms);
+  free(p);
+}
