@@ -113,6 +113,12 @@ void gpu_blas_free(gpu_blas *b) {
   free(b);
 }
 
+static int64_t pow2_at_least(int64_t v) {
+  int64_t p = 1;
+  while (p < v) p *= 2;
+  return p;
+}
+
 static int lt_type(cg_dtype t) { return t == CG_DT_BF16 ? CUDA_R_16BF : CUDA_R_32F; }
 
 /* A column-major layout (rows, cols, ld) with batching. */
@@ -125,6 +131,24 @@ static void *layout(gpu_blas *b, cg_dtype t, int64_t rows, int64_t cols, int64_t
     b->api->MatrixLayoutSetAttribute(l, LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof stride);
   }
   return l;
+}
+
+/* The heuristic's first algorithm for this problem into cache entry e under key. */
+static int pick_algo(gpu_blas *b, void *desc, void *la, void *lb, void *lc, algo_entry *e, const int64_t *key,
+                     size_t key_bytes) {
+  void *pref = NULL;
+  gpu_blas_heuristic res;
+  int found = 0;
+  if (b->api->MatmulPreferenceCreate(&pref) != 0) return -1;
+  uint64_t ws = b->workspace_bytes;
+  b->api->MatmulPreferenceSetAttribute(pref, PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
+  int st = b->api->MatmulAlgoGetHeuristic(b->handle, desc, la, lb, lc, lc, pref, 1, &res, &found);
+  b->api->MatmulPreferenceDestroy(pref);
+  if (st != 0 || found < 1) return -1;
+  memcpy(e->key, key, key_bytes);
+  e->algo = res.algo;
+  e->used = 1;
+  return 0;
 }
 
 int gpu_gemm(gpu_blas *b, int64_t m, int64_t n, int64_t k, float alpha, const gpu_mat *A, const gpu_mat *B,
@@ -140,7 +164,7 @@ int gpu_gemm(gpu_blas *b, int64_t m, int64_t n, int64_t k, float alpha, const gp
    * is our B, its second our A, and its (M, N) are our (n, m). A row-major (r, c) buffer with
    * leading dimension ld is a column-major (c, r) matrix. */
   int opa = B->trans ? CUBLAS_OP_T : CUBLAS_OP_N, opb = A->trans ? CUBLAS_OP_T : CUBLAS_OP_N;
-  void *desc = NULL, *la = NULL, *lb = NULL, *lc = NULL, *pref = NULL;
+  void *desc = NULL, *la = NULL, *lb = NULL, *lc = NULL;
   int rc = -1;
   if (b->api->MatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F) != 0) goto done;
   b->api->MatmulDescSetAttribute(desc, DESC_TRANSA, &opa, sizeof opa);
@@ -149,28 +173,27 @@ int gpu_gemm(gpu_blas *b, int64_t m, int64_t n, int64_t k, float alpha, const gp
   lb = layout(b, A->dtype, A->trans ? m : k, A->trans ? k : m, A->ld, batch, A->stride);
   lc = layout(b, C->dtype, n, m, C->ld, batch, C->stride);
   if (!la || !lb || !lc) goto done;
-  int64_t key[12] = {m, n, k, A->dtype, C->dtype, A->trans, B->trans, A->ld, B->ld, C->ld, batch, beta != 0};
+  /* The algorithm is chosen once per shape class: expert GEMMs change their row count m (and
+   * wgrad its k) every step, and a heuristic query costs more host time than launching the
+   * GEMM. m and k are bucketed to the next power of two; should a cached algorithm refuse
+   * another size of its class, the exact size is queried and the call retried (below). */
+  int64_t key[12] = {pow2_at_least(m), n,     pow2_at_least(k), A->dtype, C->dtype, A->trans,
+                     B->trans,         A->ld, B->ld,            C->ld,    batch,    beta != 0};
   uint64_t h = HASH_FNV_INIT;
   for (int i = 0; i < 12; i++) h = hash_fnv(h, (uint64_t)key[i]);
   algo_entry *e = &b->cache[h % ALGO_CACHE];
-  if (!e->used || memcmp(e->key, key, sizeof key) != 0) {
-    gpu_blas_heuristic res;
-    int found = 0;
-    if (b->api->MatmulPreferenceCreate(&pref) != 0) goto done;
-    uint64_t ws = b->workspace_bytes;
-    b->api->MatmulPreferenceSetAttribute(pref, PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
-    if (b->api->MatmulAlgoGetHeuristic(b->handle, desc, la, lb, lc, lc, pref, 1, &res, &found) != 0 || found < 1) {
+  int st = -1;
+  for (int attempt = 0; attempt < 2 && st != 0; attempt++) {
+    if ((attempt == 1 || !e->used || memcmp(e->key, key, sizeof key) != 0) &&
+        pick_algo(b, desc, la, lb, lc, e, key, sizeof key) != 0) {
       snprintf(err, errlen, "cuBLASLt has no algorithm for a %s GEMM (%lld x %lld x %lld, batch %d)",
                cg_dtype_name(A->dtype), (long long)m, (long long)n, (long long)k, batch);
       goto done;
     }
-    memcpy(e->key, key, sizeof key);
-    e->algo = res.algo;
-    e->used = 1;
+    st = b->api->Matmul(b->handle, desc, &alpha, (void *)(uintptr_t)B->p, la, (void *)(uintptr_t)A->p, lb, &beta,
+                        (void *)(uintptr_t)C->p, lc, (void *)(uintptr_t)C->p, lc, &e->algo,
+                        (void *)(uintptr_t)b->workspace, b->workspace_bytes, gpu_stream(b->g));
   }
-  int st = b->api->Matmul(b->handle, desc, &alpha, (void *)(uintptr_t)B->p, la, (void *)(uintptr_t)A->p, lb, &beta,
-                     (void *)(uintptr_t)C->p, lc, (void *)(uintptr_t)C->p, lc, &e->algo,
-                     (void *)(uintptr_t)b->workspace, b->workspace_bytes, gpu_stream(b->g));
   if (st != 0) {
     snprintf(err, errlen, "cublasLtMatmul failed (status %d) on %lld x %lld x %lld", st, (long long)m, (long long)n,
              (long long)k);
@@ -179,7 +202,6 @@ int gpu_gemm(gpu_blas *b, int64_t m, int64_t n, int64_t k, float alpha, const gp
   rc = 0;
 done:
   if (rc != 0 && err[0] == 0) snprintf(err, errlen, "cuBLASLt setup failed");
-  if (pref) b->api->MatmulPreferenceDestroy(pref);
   if (la) b->api->MatrixLayoutDestroy(la);
   if (lb) b->api->MatrixLayoutDestroy(lb);
   if (lc) b->api->MatrixLayoutDestroy(lc);

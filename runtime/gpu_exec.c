@@ -193,6 +193,8 @@ struct gpu_exec {
   gpu_ptr gnorm;          /* f32 () the last grad_norm */
   int keep_all;
   gpu_profile *prof;      /* MOEC_PROFILE=1: per-op times, printed when the executor is freed */
+  int grouped_device;     /* MOEC_GROUPED_GEMM=device: the device-driven grouped GEMMs, no host sync */
+  int32_t **hcounts;      /* (n_nodes) host copies of expert-count values, downloaded once per step */
   int64_t step;
   char *err;
   size_t errlen;
@@ -324,7 +326,8 @@ static int gemm(gx *x, int id, int64_t m, int64_t n, int64_t k, int a, int ta, i
   gpu_mat B = {DT(x, b), x->val[b].p, COLS(b), 0, tb};
   gpu_mat C = {DT(x, c), x->val[c].p, COLS(c), 0, 0};
   A.ld = COLS(a);
-  return gpu_gemm(x->rt->blas, m, n, k, 1.0f, &A, &B, 0.0f, &C, 1, x->err, x->errlen) ? fail(x, id, "%s", x->err) : 0;
+  char e[512];
+  return gpu_gemm(x->rt->blas, m, n, k, 1.0f, &A, &B, 0.0f, &C, 1, e, sizeof e) ? fail(x, id, "%s", e) : 0;
 }
 
 /* ---- one exec function per op ---- */
@@ -747,12 +750,58 @@ static int exec_PAD_COLS(gx *x, int id) {
   return ck(x, id, rt_cuda_copy_cols(KX, DT(x, N(id)->in[0]), DT(x, id), a->p, w, 0, x->val[id].p, W, start, a->rows, w));
 }
 
+/* ---- grouped GEMMs through cuBLASLt, one call per expert. cuBLASLt takes each expert's row
+ * count from the host, so a counts vector is downloaded once per step (a stream sync per MoE
+ * layer; the backward reuses the copy). MOEC_GROUPED_GEMM=device keeps the device-driven
+ * kernels above instead (no sync, capturable; slower until issue 6's wgmma kernel). ---- */
+static int grouped_blas(gx *x, cg_dtype ta, cg_dtype tb) { return !x->grouped_device && ta == tb; }
+
+/* counts value v (i32 (E)): its host copy; the counts must sum to S, the rows they split */
+static const int32_t *host_counts(gx *x, int id, int v, int64_t S) {
+  if (!x->hcounts[v]) {
+    int64_t E = x->val[v].numel, sum = 0;
+    int32_t *c = malloc((size_t)(E > 0 ? E : 1) * sizeof *c);
+    if (!c) return fail(x, id, "out of host memory"), NULL;
+    if (gpu_download(x->rt->g, c, x->val[v].p, (size_t)E * sizeof *c) != 0) {
+      free(c);
+      return fail(x, id, "%s", gpu_error(x->rt->g)), NULL;
+    }
+    for (int64_t e = 0; e < E; e++) sum += c[e] >= 0 ? c[e] : S + 1;
+    x->hcounts[v] = c;
+    if (sum != S) return fail(x, id, "expert counts sum to %lld, not to the %lld rows", (long long)sum, (long long)S), NULL;
+  }
+  return x->hcounts[v];
+}
+
+/* C rows of expert e (row stride ldc) = A rows of e (row stride lda, K columns) . B_e, the e-th
+ * (K, N) matrix of b, or its stored (N, K) matrix read transposed (trans_b). */
+static int ggemm_blas(gx *x, int id, const int32_t *cnt, int64_t E, cg_dtype ta, gpu_ptr a, int64_t lda, cg_dtype tb,
+                      gpu_ptr b, int trans_b, cg_dtype tc, gpu_ptr c, int64_t ldc, int64_t N, int64_t K) {
+  char e_[512];
+  size_t sa = ta == CG_DT_BF16 ? 2 : 4, sb = tb == CG_DT_BF16 ? 2 : 4, sc = tc == CG_DT_BF16 ? 2 : 4;
+  int64_t r0 = 0;
+  for (int64_t e = 0; e < E; r0 += cnt[e++]) {
+    if (cnt[e] == 0) continue;
+    gpu_mat A = {ta, a + (gpu_ptr)((size_t)(r0 * lda) * sa), lda, 0, 0};
+    gpu_mat B = {tb, b + (gpu_ptr)((size_t)(e * K * N) * sb), trans_b ? K : N, 0, trans_b};
+    gpu_mat C = {tc, c + (gpu_ptr)((size_t)(r0 * ldc) * sc), ldc, 0, 0};
+    if (gpu_gemm(x->rt->blas, cnt[e], N, K, 1.0f, &A, &B, 0.0f, &C, 1, e_, sizeof e_) != 0) return fail(x, id, "%s", e_);
+  }
+  return 0;
+}
+
 #define DIMOF(id, k, d) (x->g->nodes[N(id)->in[k]].type.dims[d])
 static int exec_GROUPED_LINEAR(gx *x, int id) {
   const dev_value *a = V(id, 0);
   if (N(id)->n_in > 3) return fail(x, id, "a grouped linear with a bias is not on the GPU yet");
   int64_t E = DIMOF(id, 1, 0), in = DIMOF(id, 1, 1), out = DIMOF(id, 1, 2);
   if (alloc_out(x, id, a->rows, 0)) return -1;
+  if (grouped_blas(x, DT(x, N(id)->in[0]), DT(x, N(id)->in[1]))) {
+    const int32_t *cnt = host_counts(x, id, N(id)->in[2], a->rows);
+    return cnt ? ggemm_blas(x, id, cnt, E, DT(x, N(id)->in[0]), a->p, in, DT(x, N(id)->in[1]), V(id, 1)->p, 0, DT(x, id),
+                            x->val[id].p, out, out, in)
+               : -1;
+  }
   return ck(x, id, rt_cuda_grouped_linear_fwd(KX, DT(x, N(id)->in[0]), DT(x, N(id)->in[1]), DT(x, id), a->p, V(id, 1)->p,
                                               V(id, 2)->p, x->val[id].p, a->rows, E, in, out));
 }
@@ -761,6 +810,12 @@ static int exec_GROUPED_LINEAR_DGRAD(gx *x, int id) {
   const dev_value *dy = V(id, 0);
   int64_t E = DIMOF(id, 1, 0), in = DIMOF(id, 1, 1), out = DIMOF(id, 1, 2);
   if (alloc_out(x, id, dy->rows, 0)) return -1;
+  if (grouped_blas(x, DT(x, N(id)->in[0]), DT(x, N(id)->in[1]))) {
+    const int32_t *cnt = host_counts(x, id, N(id)->in[2], dy->rows);
+    return cnt ? ggemm_blas(x, id, cnt, E, DT(x, N(id)->in[0]), dy->p, out, DT(x, N(id)->in[1]), V(id, 1)->p, 1, DT(x, id),
+                            x->val[id].p, in, in, out)
+               : -1;
+  }
   return ck(x, id, rt_cuda_grouped_linear_dgrad(KX, DT(x, N(id)->in[0]), DT(x, N(id)->in[1]), DT(x, id), dy->p, V(id, 1)->p,
                                                 V(id, 2)->p, x->val[id].p, dy->rows, E, in, out));
 }
@@ -769,6 +824,27 @@ static int exec_GROUPED_LINEAR_WGRAD(gx *x, int id) {
   const dev_value *a = V(id, 0);
   const ir_type *t = &N(id)->type;
   if (alloc_out(x, id, t->dims[0], 0)) return -1;
+  if (grouped_blas(x, DT(x, N(id)->in[0]), DT(x, N(id)->in[1]))) {
+    /* dw[e] (in, out) = xs_e^T . dy_e, K = the expert's rows; zero for an expert without rows */
+    const int32_t *cnt = host_counts(x, id, N(id)->in[2], a->rows);
+    if (!cnt) return -1;
+    int64_t in = t->dims[1], out = t->dims[2], r0 = 0;
+    cg_dtype ta = DT(x, N(id)->in[0]), tc = DT(x, id);
+    size_t sa = dsize(x->g->nodes[N(id)->in[0]].type.dtype), sc = dsize(t->dtype);
+    char e_[512];
+    for (int64_t e = 0; e < t->dims[0]; r0 += cnt[e++]) {
+      gpu_ptr dw = x->val[id].p + (gpu_ptr)((size_t)(e * in * out) * sc);
+      if (cnt[e] == 0) {
+        if (gpu_memset8(x->rt->g, dw, 0, (size_t)(in * out) * sc) != 0) return fail(x, id, "%s", gpu_error(x->rt->g));
+        continue;
+      }
+      gpu_mat A = {ta, a->p + (gpu_ptr)((size_t)(r0 * in) * sa), in, 0, 1};
+      gpu_mat B = {ta, V(id, 1)->p + (gpu_ptr)((size_t)(r0 * out) * sa), out, 0, 0};
+      gpu_mat C = {tc, dw, out, 0, 0};
+      if (gpu_gemm(x->rt->blas, in, out, cnt[e], 1.0f, &A, &B, 0.0f, &C, 1, e_, sizeof e_) != 0) return fail(x, id, "%s", e_);
+    }
+    return 0;
+  }
   return ck(x, id, rt_cuda_grouped_linear_wgrad(KX, DT(x, N(id)->in[0]), DT(x, N(id)->in[1]), DT(x, id), a->p, V(id, 1)->p,
                                                 V(id, 2)->p, x->val[id].p, a->rows, t->dims[0], t->dims[1], t->dims[2]));
 }
@@ -787,6 +863,21 @@ static int exec_GROUPED_MLP(gx *x, int id) {
   if (need_f32(x, id, N(id)->in[4], "the routing probabilities")) return -1;
   if (DT(x, N(id)->in[1]) != DT(x, N(id)->in[2])) return fail(x, id, "w_gu and w_down dtypes differ");
   if (alloc_out(x, id, a->rows, 0)) return -1;
+  cg_dtype tx = DT(x, N(id)->in[0]), tw = DT(x, N(id)->in[1]), to = DT(x, id);
+  if (grouped_blas(x, tx, tw) && to == tw && ir_get_int(N(id), "mx_block", 0) == 0) {
+    /* out (S, H + 2F) = y | gate_up: gate_up = xs . w_gu[e]; act = p * silu(g) * u; y = act . w_down[e] */
+    const int32_t *cnt = host_counts(x, id, N(id)->in[3], a->rows);
+    if (!cnt) return -1;
+    int64_t S = a->rows, W = H + 2 * F;
+    size_t es = dsize(N(id)->type.dtype), act_bytes = (size_t)(S * F > 0 ? S * F : 1) * es;
+    gpu_ptr gu = x->val[id].p + (gpu_ptr)((size_t)H * es), act = 0;
+    if (pool_get(x->rt, act_bytes, &act) != 0) return fail(x, id, "%s", gpu_error(x->rt->g));
+    int rc = ggemm_blas(x, id, cnt, E, tx, a->p, H, tw, V(id, 1)->p, 0, to, gu, W, 2 * F, H);
+    if (rc == 0) rc = ck(x, id, rt_cuda_mlp_act(KX, to, gu, W, V(id, 4)->p, act, S, F));
+    if (rc == 0) rc = ggemm_blas(x, id, cnt, E, to, act, F, tw, V(id, 2)->p, 0, to, x->val[id].p, W, H, F);
+    pool_put(x->rt, act, act_bytes); /* stream order keeps it alive for the queued GEMMs */
+    return rc;
+  }
   return ck(x, id, rt_cuda_grouped_mlp_fwd(KX, DT(x, N(id)->in[0]), DT(x, N(id)->in[1]), DT(x, id), a->p, V(id, 1)->p,
                                            V(id, 2)->p, V(id, 3)->p, V(id, 4)->p, x->val[id].p, a->rows, E, H, F,
                                            ir_get_int(N(id), "mx_block", 0)));
@@ -797,6 +888,21 @@ static int exec_GROUPED_MLP_BWD(gx *x, int id) {
   int64_t E = DIMOF(id, 2, 0), H = INCOLS(id, 0), F = ir_get_int(N(id), "ffn", 0);
   if (need_f32(x, id, N(id)->in[4], "the routing probabilities")) return -1;
   if (alloc_out(x, id, dy->rows, 0)) return -1;
+  cg_dtype tdy = DT(x, N(id)->in[0]), tw = DT(x, N(id)->in[2]);
+  if (grouped_blas(x, tdy, tw)) {
+    /* dact (S, F) f32 = dy . w_down[e]^T, then the rows: dg | du | act | dp */
+    const int32_t *cnt = host_counts(x, id, N(id)->in[3], dy->rows);
+    if (!cnt) return -1;
+    int64_t S = dy->rows;
+    size_t dact_bytes = (size_t)(S * F > 0 ? S * F : 1) * 4;
+    gpu_ptr dact = 0;
+    if (pool_get(x->rt, dact_bytes, &dact) != 0) return fail(x, id, "%s", gpu_error(x->rt->g));
+    int rc = ggemm_blas(x, id, cnt, E, tdy, dy->p, H, tw, V(id, 2)->p, 1, CG_DT_F32, dact, F, F, H);
+    if (rc == 0)
+      rc = ck(x, id, rt_cuda_mlp_bwd_rows(KX, DT(x, N(id)->in[1]), DT(x, id), dact, V(id, 1)->p, V(id, 4)->p, x->val[id].p, S, F));
+    pool_put(x->rt, dact, dact_bytes);
+    return rc;
+  }
   return ck(x, id, rt_cuda_grouped_mlp_bwd(KX, DT(x, N(id)->in[0]), DT(x, N(id)->in[1]), DT(x, N(id)->in[2]), DT(x, id), dy->p,
                                            V(id, 1)->p, V(id, 2)->p, V(id, 3)->p, V(id, 4)->p, x->val[id].p, dy->rows, E, H,
                                            F));
@@ -817,6 +923,11 @@ static const exec_fn exec_table[] = {
 #undef OP
 };
 static_assert(sizeof exec_table / sizeof exec_table[0] == OP_COUNT, "one GPU exec function per op");
+
+static void hcounts_release(gx *x) {
+  if (!x->hcounts) return;
+  for (int i = 0; i < x->g->n_nodes; i++) free(x->hcounts[i]), x->hcounts[i] = NULL;
+}
 
 gpu_exec *gpu_exec_new(gpu_runtime *rt, const ir_graph *g, char *err, size_t errlen) {
   gx *x = calloc(1, sizeof *x);
@@ -851,6 +962,14 @@ gpu_exec *gpu_exec_new(gpu_runtime *rt, const ir_graph *g, char *err, size_t err
   }
   for (int i = 0; i < g->n_outputs; i++) x->last_use[g->outputs[i]] = g->n_nodes;
   x->prof = gpu_profile_from_env(rt->g, g);
+  const char *gg = getenv("MOEC_GROUPED_GEMM");
+  x->grouped_device = gg && strcmp(gg, "device") == 0;
+  x->hcounts = calloc(n, sizeof *x->hcounts);
+  if (!x->hcounts) {
+    snprintf(err, errlen, "out of host memory");
+    gpu_exec_free(x);
+    return NULL;
+  }
   if (gpu_alloc(rt->g, &x->tokens, (size_t)x->T * 4, "the batch") || gpu_alloc(rt->g, &x->labels, (size_t)x->T * 4, "the batch")) {
     snprintf(err, errlen, "%s", gpu_error(rt->g));
     gpu_exec_free(x);
@@ -866,6 +985,8 @@ void gpu_exec_free(gpu_exec *x) {
   if (x->val)
     for (int i = 0; i < x->g->n_nodes; i++) release(x, &x->val[i]);
   routes_release(x);
+  hcounts_release(x);
+  free(x->hcounts);
   gpu_free(x->rt->g, x->tokens);
   gpu_free(x->rt->g, x->labels);
   free(x->param_index);
@@ -902,6 +1023,7 @@ int gpu_exec_run(gpu_exec *x, const int32_t *tokens, const int32_t *labels, int6
   x->gnorm = 0;
   for (int i = 0; i < g->n_nodes; i++) release(x, &x->val[i]);
   routes_release(x);
+  hcounts_release(x);
   if (gpu_upload(x->rt->g, x->tokens, tokens, (size_t)x->T * 4) || gpu_upload(x->rt->g, x->labels, labels, (size_t)x->T * 4)) {
     snprintf(err, errlen, "%s", gpu_error(x->rt->g));
     return -1;

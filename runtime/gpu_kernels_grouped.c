@@ -156,13 +156,23 @@ int rt_cuda_grouped_mlp_fwd(rt_cuda *k, cg_dtype tx, cg_dtype tw, cg_dtype to, g
   gpu_ptr act = 0;
   if (rtk_scratch(k, (size_t)(S * F) * es + 256, &act) != 0) return -1;
   gpu_ptr gu = out + (gpu_ptr)((size_t)H * es);
-  if (rt_cuda_grouped_gemm(k, tx, tw, to, xs, H, w_gu, 0, counts, gu, W, S, E, 2 * F, H) != 0) return -1;
-  char name[64];
-  KN("mlp_act", 1, to);
-  int64_t n = S * F;
-  if (rtk_launch(k, FAM, NULL, name, (uint64_t)ew_blocks(n), 1, CG_NT_EW, ARGS(&gu, (int64_t[]){W}, &probs_, &act, &S, &F)) != 0)
+  if (rt_cuda_grouped_gemm(k, tx, tw, to, xs, H, w_gu, 0, counts, gu, W, S, E, 2 * F, H) != 0 ||
+      rt_cuda_mlp_act(k, to, gu, W, probs_, act, S, F) != 0)
     return -1;
   return rt_cuda_grouped_gemm(k, to, tw, to, act, F, w_down, 0, counts, out, W, S, E, H, F);
+}
+
+int rt_cuda_mlp_act(rt_cuda *k, cg_dtype t, gpu_ptr gu, int64_t ldg, gpu_ptr probs_, gpu_ptr act, int64_t S, int64_t F) {
+  char name[64];
+  KN("mlp_act", 1, t);
+  return rtk_launch(k, FAM, NULL, name, (uint64_t)ew_blocks(S * F), 1, CG_NT_EW, ARGS(&gu, &ldg, &probs_, &act, &S, &F));
+}
+
+int rt_cuda_mlp_bwd_rows(rt_cuda *k, cg_dtype tgu, cg_dtype to, gpu_ptr dact, gpu_ptr gate_up, gpu_ptr probs_, gpu_ptr out,
+                         int64_t S, int64_t F) {
+  char name[64];
+  KN("mlp_bwd_rows", 2, tgu, to);
+  return rtk_launch(k, FAM, NULL, name, (uint64_t)S, 1, CG_NT_ROW, ARGS(&dact, &gate_up, &probs_, &out, &S, &F));
 }
 
 int rt_cuda_grouped_mlp_bwd(rt_cuda *k, cg_dtype tdy, cg_dtype tgu, cg_dtype tw, cg_dtype to, gpu_ptr dy, gpu_ptr gate_up,
@@ -172,7 +182,5 @@ int rt_cuda_grouped_mlp_bwd(rt_cuda *k, cg_dtype tdy, cg_dtype tgu, cg_dtype tw,
   gpu_ptr dact = 0;
   if (rtk_scratch(k, (size_t)(S * F) * 4 + 256, &dact) != 0) return -1;
   if (rt_cuda_grouped_gemm(k, tdy, tw, CG_DT_F32, dy, H, w_down, 1, counts, dact, F, S, E, F, H) != 0) return -1;
-  char name[64];
-  KN("mlp_bwd_rows", 2, tgu, to);
-  return rtk_launch(k, FAM, NULL, name, (uint64_t)S, 1, CG_NT_ROW, ARGS(&dact, &gate_up, &probs_, &out, &S, &F));
+  return rt_cuda_mlp_bwd_rows(k, tgu, to, dact, gate_up, probs_, out, S, F);
 }
