@@ -1,4 +1,5 @@
-/* cg_optim.c -- fused AdamW on fp32 master weights (clipping factor read on the device) and
+/* cg_optim.c -- fused AdamW on fp32 master weights (clipping factor read on the device; f32 or
+ * bf16 gradients; optionally writing the bf16 compute copy) and
  * the global gradient norm (per-tensor partial sums, one final reduction). */
 #include "cg_family.h"
 
@@ -8,7 +9,11 @@ static const char *const src =
     "// One torch.optim.AdamW step in ck_adamw_step's operation order. The step-dependent scalars\n"
     "// are formed on the host in double exactly as there; the clipping factor is formed here from\n"
     "// the device-resident norm (clip <= 0 or gnorm NULL: no clipping), so no host sync is needed.\n"
-    "__device__ void adamw(float *p, const float *g, float *m, float *v, i64 n, const float *gnorm, float clip,\n"
+    "// G: the gradient's storage (f32, or bf16 after fold-grad-cast; widening is exact). wb, when\n"
+    "// not NULL, also gets the updated weight rounded to bf16: the compute copy the next step's\n"
+    "// cast would make, written while the weight is in registers.\n"
+    "template <class G>\n"
+    "__device__ void adamw(float *p, const G *g, float *m, float *v, bf16 *wb, i64 n, const float *gnorm, float clip,\n"
     "                      float decay, float w1, float b2, float c2, float neg_step, float bc2_sqrt, float eps,\n"
     "                      int small, int decay_on) {\n"
     "  float scale = 1.0f;\n"
@@ -16,7 +21,7 @@ static const char *const src =
     "    const float c = clip / (*gnorm + 1e-6f);\n"
     "    scale = is_nan(c) || c < 1.0f ? c : 1.0f;\n"
     "  }\n"
-    "  ew_loop(n, aligned16(p) && aligned16(g) && aligned16(m) && aligned16(v), EW_BODY {\n"
+    "  ew_loop(n, aligned16(p) && aligned16(g) && aligned16(m) && aligned16(v) && (!wb || aligned16(wb)), EW_BODY {\n"
     "    EW_N;\n"
     "    float pp[N], gg[N], mm[N], vv[N];\n"
     "    ldn<N>(p + i, pp);\n"
@@ -38,12 +43,13 @@ static const char *const src =
     "    stn<N>(p + i, pp);\n"
     "    stn<N>(m + i, mm);\n"
     "    stn<N>(v + i, vv);\n"
+    "    if (wb) stn<N>(wb + i, pp);\n"
     "  });\n"
     "}\n"
     "\n"
     "// part[b] = sum of squares (double) of the elements block b visits in a grid of GN_PARTS\n"
     "// blocks; each gradient tensor gets its own GN_PARTS slots.\n"
-    "__device__ void sumsq_partial(const float *x, i64 n, double *part) {\n"
+    "template <class X> __device__ void sumsq_partial(const X *x, i64 n, double *part) {\n"
     "  __shared__ double sh[32];\n"
     "  double s = 0.0;\n"
     "  ew_loop(n, aligned16(x), EW_BODY {\n"
@@ -70,12 +76,16 @@ void cg_emit_optim(cg_buf *b, const cg_variant *v, int emu) {
   (void)v;
   cg_puts(b, src);
   const char *kv[9];
+  /* one AdamW and one sum of squares per gradient storage: f32, and bf16 (fold-grad-cast) */
+  for (int x = 0; x < CG_DT_COUNT; x++) {
+    cg_dtype_kv(kv, (cg_dtype)x, (cg_dtype)x);
+    cg_entry(b, CG_NT_EW, "moec_adamw_${x}",
+             "float *p, const ${X} *g, float *m, float *v, bf16 *wb, i64 n, const float *gnorm, float clip, float decay, "
+             "float w1, float b2, float c2, float neg_step, float bc2_sqrt, float eps, int small, int decay_on",
+             "adamw<${X}>", kv, emu);
+    cg_entry(b, CG_NT_RED, "moec_sumsq_partial_${x}", "const ${X} *x, i64 n, double *part", "sumsq_partial<${X}>", kv, emu);
+  }
   cg_dtype_kv(kv, CG_DT_F32, CG_DT_F32);
-  cg_entry(b, CG_NT_EW, "moec_adamw",
-           "float *p, const float *g, float *m, float *v, i64 n, const float *gnorm, float clip, float decay, float w1, "
-           "float b2, float c2, float neg_step, float bc2_sqrt, float eps, int small, int decay_on",
-           "adamw", kv, emu);
-  cg_entry(b, CG_NT_RED, "moec_sumsq_partial", "const float *x, i64 n, double *part", "sumsq_partial", kv, emu);
   cg_entry(b, CG_NT_RED, "moec_grad_norm_final", "const double *part, i64 nparts, float *norm", "grad_norm_final", kv,
            emu);
 }

@@ -620,7 +620,7 @@ static int shape_MXFP8_DEQUANTIZE(shape_ctx *c) {
 
 static int shape_GRAD_NORM(shape_ctx *c) {
   for (int i = 0; i < c->n->n_in; i++)
-    if (OPERAND(c, i)->dtype != DT_F32) return fail(c, "gradients must be f32 (operand %d)", i);
+    if (!is_float(OPERAND(c, i)->dtype)) return fail(c, "gradients must be f32 or bf16 (operand %d)", i);
   *c->out = make(DT_F32, 0, 0, 0);
   return 0;
 }
@@ -628,7 +628,9 @@ static int shape_GRAD_NORM(shape_ctx *c) {
 static int shape_ADAMW(shape_ctx *c) {
   const ir_type *p = OPERAND(c, 0);
   if (c->g->nodes[c->n->in[0]].op != OP_PARAM) return fail(c, "operand 0 must be a param");
-  if (!ir_type_equal(p, OPERAND(c, 1))) return fail(c, "the gradient must have the param's type");
+  ir_type gt = *OPERAND(c, 1);
+  if (gt.dtype == DT_BF16) gt.dtype = p->dtype; /* fold-grad-cast: a bf16 gradient of an f32 param */
+  if (!ir_type_equal(p, &gt)) return fail(c, "the gradient must have the param's shape, in f32 or bf16");
   if (want_scalar(c, 2)) return -1;
   *c->out = *p;
   return 0;

@@ -58,6 +58,7 @@ int pass_grouped_mlp(ir_graph **g, FILE *err);
 int pass_parallelize(ir_graph **g, FILE *err);
 int pass_autodiff(ir_graph **g, FILE *err);
 int pass_sync(ir_graph **g, FILE *err);
+int pass_fold_grad_cast(ir_graph **g, FILE *err);
 int pass_mxfp8(ir_graph **g, FILE *err);
 int pass_dce(ir_graph **g, FILE *err);
 

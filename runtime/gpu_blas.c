@@ -133,20 +133,75 @@ static void *layout(gpu_blas *b, cg_dtype t, int64_t rows, int64_t cols, int64_t
   return l;
 }
 
-/* The heuristic's first algorithm for this problem into cache entry e under key. */
-static int pick_algo(gpu_blas *b, void *desc, void *la, void *lb, void *lc, algo_entry *e, const int64_t *key,
-                     size_t key_bytes) {
+/* MOEC_GEMM_TUNE (default 1): time the heuristic's candidates on the first call of a shape
+ * class and keep the fastest; 0 keeps the heuristic's first choice. MOEC_GEMM_LOG=1 prints
+ * each tuned shape (stderr). */
+static int env_int(const char *name, int dflt) {
+  const char *e = getenv(name);
+  return e && *e ? atoi(e) : dflt;
+}
+
+enum { TUNE_CANDIDATES = 8, TUNE_REPS = 3 };
+
+typedef struct {
+  void *desc, *la, *lb, *lc;
+  const void *a, *b; /* cuBLASLt's first and second operands (our B and A) */
+  void *c;
+  float alpha, beta;
+} lt_call;
+
+static int run_algo(gpu_blas *b, const lt_call *c, const gpu_blas_algo *algo) {
+  return b->api->Matmul(b->handle, c->desc, &c->alpha, c->a, c->la, c->b, c->lb, &c->beta, c->c, c->lc, c->c, c->lc,
+                        algo, (void *)(uintptr_t)b->workspace, b->workspace_bytes, gpu_stream(b->g));
+}
+
+/* Mean GPU time (ms) of TUNE_REPS back-to-back runs of algo; -1 when it refuses or fails. The
+ * events bracket only these runs: whatever the stream held before completes first. */
+static float time_algo(gpu_blas *b, const lt_call *c, const gpu_blas_algo *algo, void *ev0, void *ev1) {
+  if (run_algo(b, c, algo) != 0) return -1;
+  if (gpu_event_record(b->g, ev0) != 0) return -1;
+  for (int r = 0; r < TUNE_REPS; r++)
+    if (run_algo(b, c, algo) != 0) return -1;
+  float ms = -1;
+  if (gpu_event_record(b->g, ev1) != 0 || gpu_event_elapsed(b->g, ev0, ev1, &ms) != 0) return -1;
+  return ms / TUNE_REPS;
+}
+
+/* The algorithm for this problem into cache entry e under key: the heuristic's first, or with
+ * tuning (only where beta == 0, so that trial runs leave C as the real call will) the fastest
+ * of its candidates measured on the call's own operands. */
+static int pick_algo(gpu_blas *b, const lt_call *c, algo_entry *e, const int64_t *key, size_t key_bytes,
+                     const int64_t mnk[3]) {
   void *pref = NULL;
-  gpu_blas_heuristic res;
-  int found = 0;
+  gpu_blas_heuristic res[TUNE_CANDIDATES];
+  int found = 0, tune = env_int("MOEC_GEMM_TUNE", 1) && c->beta == 0.0f;
   if (b->api->MatmulPreferenceCreate(&pref) != 0) return -1;
   uint64_t ws = b->workspace_bytes;
   b->api->MatmulPreferenceSetAttribute(pref, PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
-  int st = b->api->MatmulAlgoGetHeuristic(b->handle, desc, la, lb, lc, lc, pref, 1, &res, &found);
+  int st = b->api->MatmulAlgoGetHeuristic(b->handle, c->desc, c->la, c->lb, c->lc, c->lc, pref,
+                                          tune ? TUNE_CANDIDATES : 1, res, &found);
   b->api->MatmulPreferenceDestroy(pref);
   if (st != 0 || found < 1) return -1;
+  int best = 0;
+  if (tune && found > 1) {
+    void *ev0 = NULL, *ev1 = NULL;
+    float best_ms = -1, first_ms = -1;
+    if (gpu_event_new(b->g, &ev0) == 0 && gpu_event_new(b->g, &ev1) == 0)
+      for (int i = 0; i < found; i++) {
+        float ms = time_algo(b, c, &res[i].algo, ev0, ev1);
+        if (i == 0) first_ms = ms;
+        if (ms > 0 && (best_ms < 0 || ms < best_ms)) best_ms = ms, best = i;
+      }
+    gpu_event_free(b->g, ev0);
+    gpu_event_free(b->g, ev1);
+    if (env_int("MOEC_GEMM_LOG", 0) && best_ms > 0)
+      fprintf(stderr, "gemm tune %lld x %lld x %lld (ops %s%s): first %.1f us, best #%d of %d %.1f us, %.0f TFLOP/s\n",
+              (long long)mnk[0], (long long)mnk[1], (long long)mnk[2], key[5] ? "T" : "N", key[6] ? "T" : "N",
+              first_ms * 1e3, best, found, best_ms * 1e3,
+              2.0 * (double)mnk[0] * (double)mnk[1] * (double)mnk[2] * (double)(key[10] > 1 ? key[10] : 1) / (best_ms * 1e9));
+  }
   memcpy(e->key, key, key_bytes);
-  e->algo = res.algo;
+  e->algo = res[best].algo;
   e->used = 1;
   return 0;
 }
@@ -182,17 +237,18 @@ int gpu_gemm(gpu_blas *b, int64_t m, int64_t n, int64_t k, float alpha, const gp
   uint64_t h = HASH_FNV_INIT;
   for (int i = 0; i < 12; i++) h = hash_fnv(h, (uint64_t)key[i]);
   algo_entry *e = &b->cache[h % ALGO_CACHE];
+  lt_call call = {desc, la, lb, lc, (const void *)(uintptr_t)B->p, (const void *)(uintptr_t)A->p,
+                  (void *)(uintptr_t)C->p, alpha, beta};
+  const int64_t mnk[3] = {m, n, k};
   int st = -1;
   for (int attempt = 0; attempt < 2 && st != 0; attempt++) {
     if ((attempt == 1 || !e->used || memcmp(e->key, key, sizeof key) != 0) &&
-        pick_algo(b, desc, la, lb, lc, e, key, sizeof key) != 0) {
+        pick_algo(b, &call, e, key, sizeof key, mnk) != 0) {
       snprintf(err, errlen, "cuBLASLt has no algorithm for a %s GEMM (%lld x %lld x %lld, batch %d)",
                cg_dtype_name(A->dtype), (long long)m, (long long)n, (long long)k, batch);
       goto done;
     }
-    st = b->api->Matmul(b->handle, desc, &alpha, (void *)(uintptr_t)B->p, la, (void *)(uintptr_t)A->p, lb, &beta,
-                        (void *)(uintptr_t)C->p, lc, (void *)(uintptr_t)C->p, lc, &e->algo,
-                        (void *)(uintptr_t)b->workspace, b->workspace_bytes, gpu_stream(b->g));
+    st = run_algo(b, &call, &e->algo);
   }
   if (st != 0) {
     snprintf(err, errlen, "cublasLtMatmul failed (status %d) on %lld x %lld x %lld", st, (long long)m, (long long)n,

@@ -19,6 +19,11 @@
 /* ---------------------------------------------------------------- the runtime */
 typedef struct {
   gpu_ptr w, m, v; /* (numel) f32 master weight and AdamW moments */
+  /* (numel) bf16 compute copy, kept between steps for the graph's cast(param -> bf16): AdamW
+   * writes it with the weight, so the forward's cast costs nothing; 0 until first needed.
+   * wb_fresh: it equals bf16(w) (cleared when w is uploaded). */
+  gpu_ptr wb;
+  int wb_fresh;
 } dev_param;
 
 #define POOL_CLASSES 48
@@ -118,6 +123,7 @@ void gpu_runtime_free(gpu_runtime *rt) {
     gpu_free(rt->g, rt->dp[i].w);
     gpu_free(rt->g, rt->dp[i].m);
     gpu_free(rt->g, rt->dp[i].v);
+    if (rt->dp[i].wb) gpu_free(rt->g, rt->dp[i].wb);
   }
   free(rt->dp);
   for (int c = 0; c < POOL_CLASSES; c++) {
@@ -139,6 +145,7 @@ int gpu_runtime_upload(gpu_runtime *rt, const rt_params *ps, char *err, size_t e
       snprintf(err, errlen, "%s", gpu_error(rt->g));
       return -1;
     }
+    rt->dp[i].wb_fresh = 0;
   }
   return 0;
 }
@@ -345,8 +352,24 @@ static int exec_PARAM(gx *x, int id) {
   return 0;
 }
 
+/* cast(param f32 -> bf16): the parameter's persistent bf16 copy (dev_param.wb), cast only
+ * when stale; AdamW refreshes it in the same kernel that updates the weight. */
+static int cast_param(gx *x, int id) {
+  int i = x->param_index[N(id)->in[0]];
+  dev_param *p = &x->rt->dp[i];
+  int64_t n = x->rt->ps->p[i].numel;
+  if (!p->wb && gpu_alloc(x->rt->g, &p->wb, (size_t)n * 2, "the bf16 weight copies") != 0)
+    return fail(x, id, "%s", gpu_error(x->rt->g));
+  if (!p->wb_fresh && ck(x, id, rt_cuda_cast(KX, CG_DT_F32, p->w, CG_DT_BF16, p->wb, n)) != 0) return -1;
+  p->wb_fresh = 1;
+  x->val[id] = (dev_value){p->wb, 0, V(id, 0)->rows, n};
+  return 0;
+}
+
 static int exec_CAST(gx *x, int id) {
   const dev_value *a = V(id, 0);
+  if (N(N(id)->in[0])->op == OP_PARAM && DT(x, N(id)->in[0]) == CG_DT_F32 && DT(x, id) == CG_DT_BF16)
+    return cast_param(x, id);
   if (alloc_out(x, id, a->rows, 0)) return -1;
   return ck(x, id, rt_cuda_cast(KX, DT(x, N(id)->in[0]), a->p, DT(x, id), x->val[id].p, a->numel));
 }
@@ -632,15 +655,18 @@ static int exec_GRAD_NORM(gx *x, int id) {
   int n = N(id)->n_in;
   gpu_ptr *bufs = malloc((size_t)n * sizeof *bufs);
   int64_t *sizes = malloc((size_t)n * sizeof *sizes);
-  int rc = (!bufs || !sizes) ? fail(x, id, "out of host memory") : alloc_out(x, id, 1, 0);
+  cg_dtype *dts = malloc((size_t)n * sizeof *dts);
+  int rc = (!bufs || !sizes || !dts) ? fail(x, id, "out of host memory") : alloc_out(x, id, 1, 0);
   for (int i = 0; rc == 0 && i < n; i++) {
     bufs[i] = V(id, i)->p;
     sizes[i] = V(id, i)->numel;
+    dts[i] = DT(x, N(id)->in[i]);
   }
-  if (rc == 0) rc = ck(x, id, rt_cuda_grad_norm(KX, bufs, sizes, n, x->val[id].p));
+  if (rc == 0) rc = ck(x, id, rt_cuda_grad_norm(KX, bufs, dts, sizes, n, x->val[id].p));
   if (rc == 0) x->gnorm = x->val[id].p;
   free(bufs);
   free(sizes);
+  free(dts);
   return rc;
 }
 
@@ -651,7 +677,11 @@ static int exec_ADAMW(gx *x, int id) {
   rt_cuda_adamw_hp hp = {ck_lr_at(x->step, c->steps, c->warmup, c->lr, c->min_lr, c->schedule), c->beta1, c->beta2,
                          c->adam_eps, ir_get_float(N(id), "weight_decay", 0), x->step, c->clip};
   x->val[id] = (dev_value){p->w, 0, N(id)->type.dims[0], x->rt->ps->p[i].numel};
-  return ck(x, id, rt_cuda_adamw_step(KX, p->w, V(id, 1)->p, p->m, p->v, x->rt->ps->p[i].numel, V(id, 2)->p, &hp));
+  if (ck(x, id, rt_cuda_adamw_step(KX, p->w, DT(x, N(id)->in[1]), V(id, 1)->p, p->m, p->v, p->wb, x->rt->ps->p[i].numel,
+                                   V(id, 2)->p, &hp)) != 0)
+    return -1;
+  p->wb_fresh = p->wb != 0;
+  return 0;
 }
 
 /* ---- the fusion passes' ops (group-linear, grouped-mlp): expert-sorted rows, counts read on

@@ -149,11 +149,13 @@ typedef struct {
   double clip;                      /* <= 0: no clipping */
 } rt_cuda_adamw_hp;
 /* ck_adamw_step with grad_scale = ck_clip_coef(*gnorm, clip), formed on the device from the
- * norm rt_cuda_grad_norm left there (gnorm 0: scale 1). */
-int rt_cuda_adamw_step(rt_cuda *k, gpu_ptr p, gpu_ptr g, gpu_ptr m, gpu_ptr v, int64_t n, gpu_ptr gnorm,
-                       const rt_cuda_adamw_hp *hp);
-/* *norm (f32 on the device) = global L2 norm of n_bufs f32 buffers. */
-int rt_cuda_grad_norm(rt_cuda *k, const gpu_ptr *bufs, const int64_t *sizes, int n_bufs, gpu_ptr norm);
+ * norm rt_cuda_grad_norm left there (gnorm 0: scale 1). g is f32 or bf16 (gt); wb, when not
+ * 0, also gets the updated weight rounded to bf16 (the next step's compute copy). */
+int rt_cuda_adamw_step(rt_cuda *k, gpu_ptr p /* f32 (n) */, cg_dtype gt, gpu_ptr g, gpu_ptr m, gpu_ptr v,
+                       gpu_ptr wb /* bf16 (n) or 0 */, int64_t n, gpu_ptr gnorm, const rt_cuda_adamw_hp *hp);
+/* *norm (f32 on the device) = global L2 norm of n_bufs buffers, buffer i of dtype dts[i]. */
+int rt_cuda_grad_norm(rt_cuda *k, const gpu_ptr *bufs, const cg_dtype *dts, const int64_t *sizes, int n_bufs,
+                      gpu_ptr norm);
 
 /* ---- expert-sorted ops (ck_grouped.h): the fusion passes' ops. Counts (i32 (E)) are read on
  * the device; S = T*kk sorted rows; grids are sized by S, never by the counts. ---- */

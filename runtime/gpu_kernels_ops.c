@@ -354,8 +354,10 @@ int rt_cuda_cross_entropy_bwd(rt_cuda *k, cg_dtype t, gpu_ptr logits, gpu_ptr la
 
 /* ---- optimizer ---- */
 
-int rt_cuda_adamw_step(rt_cuda *k, gpu_ptr p, gpu_ptr g, gpu_ptr m, gpu_ptr v, int64_t n, gpu_ptr gnorm,
-                       const rt_cuda_adamw_hp *hp) {
+int rt_cuda_adamw_step(rt_cuda *k, gpu_ptr p, cg_dtype gt, gpu_ptr g, gpu_ptr m, gpu_ptr v, gpu_ptr wb, int64_t n,
+                       gpu_ptr gnorm, const rt_cuda_adamw_hp *hp) {
+  char name[64];
+  KN("adamw", 1, gt);
   /* the scalars exactly as ck_adamw_step forms them */
   float decay = (float)(1.0 - hp->lr * hp->wd);
   float w1 = (float)(1.0 - hp->beta1), b2 = (float)hp->beta2, c2 = (float)(1.0 - hp->beta2);
@@ -363,19 +365,22 @@ int rt_cuda_adamw_step(rt_cuda *k, gpu_ptr p, gpu_ptr g, gpu_ptr m, gpu_ptr v, i
   float neg_step = (float)(-(hp->lr / bc1)), bc2_sqrt = (float)sqrt(bc2), eps = (float)hp->eps;
   int small = fabsf(w1) < 0.5f, decay_on = hp->wd != 0.0;
   float clip = hp->clip > 0 ? (float)hp->clip : 0.0f;
-  return rtk_launch(k, CG_FAM_OPTIM, NULL, "moec_adamw", rtk_vec_blocks(n), 1, CG_NT_EW,
-                    ARGS(&p, &g, &m, &v, &n, &gnorm, &clip, &decay, &w1, &b2, &c2, &neg_step, &bc2_sqrt, &eps, &small,
+  return rtk_launch(k, CG_FAM_OPTIM, NULL, name, rtk_vec_blocks(n), 1, CG_NT_EW,
+                    ARGS(&p, &g, &m, &v, &wb, &n, &gnorm, &clip, &decay, &w1, &b2, &c2, &neg_step, &bc2_sqrt, &eps, &small,
                          &decay_on));
 }
 
-int rt_cuda_grad_norm(rt_cuda *k, const gpu_ptr *bufs, const int64_t *sizes, int n_bufs, gpu_ptr norm) {
+int rt_cuda_grad_norm(rt_cuda *k, const gpu_ptr *bufs, const cg_dtype *dts, const int64_t *sizes, int n_bufs,
+                      gpu_ptr norm) {
+  char name[64];
   int64_t parts = (int64_t)n_bufs * CG_GN_PARTS;
   gpu_ptr ws = 0;
   if (rtk_scratch(k, (size_t)(parts > 0 ? parts : 1) * sizeof(double), &ws) != 0) return -1;
   for (int i = 0; i < n_bufs; i++) {
     gpu_ptr x = bufs[i], part = ws + (gpu_ptr)i * CG_GN_PARTS * sizeof(double);
     int64_t n = sizes[i];
-    if (rtk_launch(k, CG_FAM_OPTIM, NULL, "moec_sumsq_partial", CG_GN_PARTS, 1, CG_NT_RED, ARGS(&x, &n, &part)) != 0)
+    KN("sumsq_partial", 1, dts[i]);
+    if (rtk_launch(k, CG_FAM_OPTIM, NULL, name, CG_GN_PARTS, 1, CG_NT_RED, ARGS(&x, &n, &part)) != 0)
       return -1;
   }
   return rtk_launch(k, CG_FAM_OPTIM, NULL, "moec_grad_norm_final", 1, 1, CG_NT_RED, ARGS(&ws, &parts, &norm));

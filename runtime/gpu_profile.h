@@ -4,7 +4,8 @@
  * step, the time between consecutive events is charged to the op between them. Events time
  * the GPU's own timeline, so a host synchronisation shows up as the gap it leaves, charged to
  * the op that caused it. Steps before `skip` (warm-up: NVRTC compiles, cuBLASLt heuristics)
- * are not counted. gpu_profile_print writes one table: total per op kind, then the slowest
+ * are not counted. The host clock at each mark gives the time spent issuing each op.
+ * gpu_profile_print writes one table: total per op kind, then the slowest
  * single ops with their source location.
  */
 #ifndef MOEC_GPU_PROFILE_H

@@ -55,7 +55,7 @@ grep -q ' = dispatch(' "$tmp/naive.mir" && ! grep -q grouped "$tmp/naive.mir" ||
 for p in group-linear grouped-mlp autodiff mxfp8 dce total; do grep -q "^  $p " "$tmp/timing" || fail "--pass-timing: no $p line"; done
 # --dump-dir: numbered by place in the pipeline; golden against tests/golden/tiny
 "$MOEC" dump models/tiny.moe --train --set precision=mxfp8 --dump-dir="$tmp/dd" >/dev/null || fail "--dump-dir"
-for f in 00-after-lower 01-after-group-linear 02-after-grouped-mlp 03-after-parallelize 04-after-autodiff 05-after-sync 06-after-mxfp8 07-after-dce; do
+for f in 00-after-lower 01-after-group-linear 02-after-grouped-mlp 03-after-parallelize 04-after-autodiff 05-after-sync 06-after-fold-grad-cast 07-after-mxfp8 08-after-dce; do
   [ -f "$tmp/dd/$f.mir" ] || fail "--dump-dir: no $f.mir"
   diff -u "tests/golden/tiny/$f.mir" "$tmp/dd/$f.mir" >"$tmp/diff" ||
     { head -40 "$tmp/diff"; fail "$f.mir differs from tests/golden/tiny (if intended: tests/golden/update.sh)"; }

@@ -105,8 +105,11 @@ int main(void) {
   gpu_ptr p = buf(np_ * 4), g = buf(np_ * 4), m = buf(np_ * 4), v = buf(np_ * 4), nrm = buf(4);
   gpu_memset32(G, v, 0x3c000000u, (size_t)np_);
   rt_cuda_adamw_hp hp = {3e-4, 0.9, 0.95, 1e-8, 0.1, 10, 1.0};
-  BENCH("grad norm (64M f32)", np_ * 4, rt_cuda_grad_norm(K, &g, &np_, 1, nrm));
-  BENCH("adamw (64M f32)", np_ * 28, rt_cuda_adamw_step(K, p, g, m, v, np_, nrm, &hp));
+  const cg_dtype f32 = CG_DT_F32;
+  gpu_ptr wb = buf(np_ * 2);
+  BENCH("grad norm (64M f32)", np_ * 4, rt_cuda_grad_norm(K, &g, &f32, &np_, 1, nrm));
+  BENCH("adamw (64M f32)", np_ * 28, rt_cuda_adamw_step(K, p, CG_DT_F32, g, m, v, 0, np_, nrm, &hp));
+  BENCH("adamw (64M, bf16 grads, bf16 copy out)", np_ * 28, rt_cuda_adamw_step(K, p, CG_DT_BF16, g, m, v, wb, np_, nrm, &hp));
 
   gpu_ptr q = buf(tf), s = buf(tf / 32);
   BENCH("mxfp8 quantize (2T,F) bf16, block 32", tf * 3 + tf / 32, rt_cuda_mxfp8_quantize(K, B, a, np, F, 32, 0, q, s));

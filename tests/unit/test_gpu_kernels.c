@@ -459,42 +459,51 @@ static void test_optim(void) {
     int64_t step;
     float norm;
   } cs[] = {{0.9, 0.1, 1.0, 1, 3.5f}, {0.9, 0.0, 1.0, 100, 0.25f}, {0.3, 0.1, 0.0, 7, 2.0f}, {0.9, 0.1, 1.0, 3, NAN}};
-  for (size_t c = 0; c < sizeof cs / sizeof cs[0]; c++) {
-    float *p = rnd(n, -1, 1, CG_DT_F32), *g = rnd(n, -1, 1, CG_DT_F32), *m = rnd(n, -0.1f, 0.1f, CG_DT_F32);
+  /* gradients in f32, and in bf16 (fold-grad-cast) with the bf16 weight copy written too */
+  for (size_t c = 0; c < 2 * sizeof cs / sizeof cs[0]; c++) {
+    const int ci = (int)(c % (sizeof cs / sizeof cs[0]));
+    const cg_dtype gt = c < sizeof cs / sizeof cs[0] ? CG_DT_F32 : CG_DT_BF16;
+    float *p = rnd(n, -1, 1, CG_DT_F32), *g = rnd(n, -1, 1, gt), *m = rnd(n, -0.1f, 0.1f, CG_DT_F32);
     float *v = rnd(n, 1e-6f, 1e-2f, CG_DT_F32), *got = falloc(n);
-    gpu_ptr dp = up_f(p, n, CG_DT_F32), dg = up_f(g, n, CG_DT_F32), dm = up_f(m, n, CG_DT_F32), dv = up_f(v, n, CG_DT_F32);
-    gpu_ptr dn = up_f(&cs[c].norm, 1, CG_DT_F32);
-    float scale = cs[c].clip > 0 ? ck_clip_coef(cs[c].norm, cs[c].clip) : 1.0f;
-    ck_adamw_step(p, g, m, v, n, cs[c].step, scale, 3e-4, cs[c].b1, 0.95, 1e-8, cs[c].wd);
-    rt_cuda_adamw_hp hp = {3e-4, cs[c].b1, 0.95, 1e-8, cs[c].wd, cs[c].step, cs[c].clip};
-    RUN(rt_cuda_adamw_step(K, dp, dg, dm, dv, n, dn, &hp));
-    char what[96];
-    snprintf(what, sizeof what, "adamw b1=%g wd=%g clip=%g step=%lld norm=%g: p", cs[c].b1, cs[c].wd, cs[c].clip,
-             (long long)cs[c].step, cs[c].norm);
+    gpu_ptr dp = up_f(p, n, CG_DT_F32), dg = up_f(g, n, gt), dm = up_f(m, n, CG_DT_F32), dv = up_f(v, n, CG_DT_F32);
+    gpu_ptr dwb = gt == CG_DT_BF16 ? dmalloc((size_t)n * 2) : 0;
+    gpu_ptr dn = up_f(&cs[ci].norm, 1, CG_DT_F32);
+    float scale = cs[ci].clip > 0 ? ck_clip_coef(cs[ci].norm, cs[ci].clip) : 1.0f;
+    ck_adamw_step(p, g, m, v, n, cs[ci].step, scale, 3e-4, cs[ci].b1, 0.95, 1e-8, cs[ci].wd);
+    rt_cuda_adamw_hp hp = {3e-4, cs[ci].b1, 0.95, 1e-8, cs[ci].wd, cs[ci].step, cs[ci].clip};
+    RUN(rt_cuda_adamw_step(K, dp, gt, dg, dm, dv, dwb, n, dn, &hp));
+    char what[128];
+    snprintf(what, sizeof what, "adamw b1=%g wd=%g clip=%g step=%lld norm=%g grad %s: p", cs[ci].b1, cs[ci].wd,
+             cs[ci].clip, (long long)cs[ci].step, cs[ci].norm, cg_dtype_name(gt));
     get_f(got, dp, n, CG_DT_F32);
     cmp(what, got, p, n, CG_DT_F32, -1, 0);
     get_f(got, dm, n, CG_DT_F32);
     cmp("  m", got, m, n, CG_DT_F32, -1, 0);
     get_f(got, dv, n, CG_DT_F32);
     cmp("  v", got, v, n, CG_DT_F32, -1, 0);
+    if (dwb) {
+      get_f(got, dwb, n, CG_DT_BF16);
+      cmp("  bf16 weight copy", got, p, n, CG_DT_BF16, -1, 0);
+    }
     free(p), free(g), free(m), free(v), free(got);
     dfree_all();
   }
-  /* global norm over buffers of assorted sizes (one empty) */
+  /* global norm over buffers of assorted sizes (one empty), f32 and bf16 mixed */
   int64_t sizes[] = {1000, 1, 0, 70001, 4096};
+  const cg_dtype gdt[] = {CG_DT_F32, CG_DT_BF16, CG_DT_F32, CG_DT_BF16, CG_DT_F32};
   const float *bufs[5];
   gpu_ptr dbufs[5];
   float *hb[5];
   for (int i = 0; i < 5; i++) {
-    hb[i] = rnd(sizes[i], -2, 2, CG_DT_F32);
+    hb[i] = rnd(sizes[i], -2, 2, gdt[i]);
     bufs[i] = hb[i];
-    dbufs[i] = up_f(hb[i], sizes[i], CG_DT_F32);
+    dbufs[i] = up_f(hb[i], sizes[i], gdt[i]);
   }
   float want = (float)ck_grad_norm(bufs, sizes, 5), got = 0;
   gpu_ptr dn = dmalloc(4);
-  RUN(rt_cuda_grad_norm(K, dbufs, sizes, 5, dn));
+  RUN(rt_cuda_grad_norm(K, dbufs, gdt, sizes, 5, dn));
   get_f(&got, dn, 1, CG_DT_F32);
-  cmp("grad norm (5 tensors, one empty)", &got, &want, 1, CG_DT_F32, 1e-6, 0);
+  cmp("grad norm (5 tensors, f32 and bf16, one empty)", &got, &want, 1, CG_DT_F32, 1e-6, 0);
   for (int i = 0; i < 5; i++) free(hb[i]);
   expect_flag("optimizer", CK_OK);
   dfree_all();

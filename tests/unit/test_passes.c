@@ -9,6 +9,7 @@
  *   its source location.
  * - --print-after-change prints only after passes that changed the IR; --dump-dir writes the
  *   numbered files.
+ * - fold-grad-cast feeds the optimizer bf16 gradients, and leaves all_reduce'd ones alone.
  */
 #include <dirent.h>
 #include <stdio.h>
@@ -253,7 +254,41 @@ static void test_mxfp8_placement(void) {
   ir_graph_free(g);
 }
 
+/* fold-grad-cast: in a bf16 step grad_norm and adamw read the bf16 gradients (no widening cast
+ * left in front of them); disabled, they read casts; in a dp=2 step they read the all_reduce'd
+ * f32 gradients, which it leaves alone. */
+static int optimizer_reads(const ir_graph *g, ir_op src_op, ir_dtype dt) {
+  int n = 0;
+  for (int i = 0; i < g->n_nodes; i++) {
+    const ir_node *nd = &g->nodes[i];
+    if (nd->op != OP_ADAMW && nd->op != OP_GRAD_NORM) continue;
+    for (int j = nd->op == OP_ADAMW ? 1 : 0; j < (nd->op == OP_ADAMW ? 2 : nd->n_in); j++) {
+      const ir_node *v = &g->nodes[nd->in[j]];
+      n += v->op == src_op && v->type.dtype == dt;
+    }
+  }
+  return n;
+}
+
+static void test_fold_grad_cast(void) {
+  const moec_set sets[] = {{"hidden", "32"}, {"ffn", "48"}, {"seq", "16"}, {"batch", "2"}, {"precision", "bf16"}, {"dp", "2"}};
+  for (int mode = 0; mode < 3; mode++) {
+    ir_graph *g = moec_frontend_load("models/tiny.moe", sets, mode == 2 ? 6 : 5, stderr);
+    pipeline_opts o = {.dump = stdout, .train = 1, .disable = mode == 1 ? "fold-grad-cast" : NULL};
+    CHECK(g && pipeline_run(&g, &o, stdout) == 0, "bf16 step (mode %d)", mode);
+    if (!g) continue;
+    int casts = optimizer_reads(g, OP_CAST, DT_F32), bf16 = 0, reduced = optimizer_reads(g, OP_ALL_REDUCE, DT_F32);
+    for (int op = 0; op < OP_COUNT; op++)
+      if (op != OP_PARAM) bf16 += optimizer_reads(g, (ir_op)op, DT_BF16);
+    if (mode == 0) CHECK(casts == 0 && bf16 > 0, "folded: %d optimizer operands still casts, %d bf16", casts, bf16);
+    if (mode == 1) CHECK(casts > 0 && bf16 == 0, "disabled: %d casts, %d bf16 operands", casts, bf16);
+    if (mode == 2) CHECK(reduced > 0 && bf16 == 0, "dp=2: %d all_reduce operands, %d bf16", reduced, bf16);
+    ir_graph_free(g);
+  }
+}
+
 int main(void) {
+  test_fold_grad_cast();
   test_mxfp8_placement();
   test_group_linear_refusals();
   test_grouped_mlp_refusals();
