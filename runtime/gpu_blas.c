@@ -79,7 +79,10 @@ struct gpu_blas {
   gpu_ptr workspace;
   size_t workspace_bytes;
   algo_entry cache[ALGO_CACHE];
+  long queries;
 };
+
+long gpu_blas_queries(const gpu_blas *b) { return b->queries; }
 
 gpu_blas *gpu_blas_new(gpu_ctx *g, char *err, size_t errlen) {
   const gpu_blas_api *api = gpu_blas_load(err, errlen);
@@ -178,6 +181,7 @@ static int pick_algo(gpu_blas *b, const lt_call *c, algo_entry *e, const int64_t
   if (b->api->MatmulPreferenceCreate(&pref) != 0) return -1;
   uint64_t ws = b->workspace_bytes;
   b->api->MatmulPreferenceSetAttribute(pref, PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
+  b->queries++;
   int st = b->api->MatmulAlgoGetHeuristic(b->handle, c->desc, c->la, c->lb, c->lc, c->lc, pref,
                                           tune ? TUNE_CANDIDATES : 1, res, &found);
   b->api->MatmulPreferenceDestroy(pref);
@@ -204,6 +208,21 @@ static int pick_algo(gpu_blas *b, const lt_call *c, algo_entry *e, const int64_t
   e->algo = res[best].algo;
   e->used = 1;
   return 0;
+}
+
+/* The cache slot for key: its own entry, else the first free one of its probe sequence, else
+ * (table full) its home slot, to be overwritten. The sizes in a key are mostly powers of two,
+ * whose low bits are all zero, hence the final mix: FNV alone sent most shapes of a step to
+ * a few slots, and every call re-queried the heuristic. */
+static algo_entry *cache_slot(gpu_blas *b, const int64_t *key, size_t key_bytes) {
+  uint64_t h = HASH_FNV_INIT;
+  for (size_t i = 0; i < key_bytes / sizeof *key; i++) h = hash_fnv(h, (uint64_t)key[i]);
+  size_t home = hash_mix64(h) % ALGO_CACHE;
+  for (size_t j = 0; j < ALGO_CACHE; j++) {
+    algo_entry *e = &b->cache[(home + j) % ALGO_CACHE];
+    if (!e->used || memcmp(e->key, key, key_bytes) == 0) return e;
+  }
+  return &b->cache[home];
 }
 
 int gpu_gemm(gpu_blas *b, int64_t m, int64_t n, int64_t k, float alpha, const gpu_mat *A, const gpu_mat *B,
@@ -234,9 +253,7 @@ int gpu_gemm(gpu_blas *b, int64_t m, int64_t n, int64_t k, float alpha, const gp
    * another size of its class, the exact size is queried and the call retried (below). */
   int64_t key[12] = {pow2_at_least(m), n,     pow2_at_least(k), A->dtype, C->dtype, A->trans,
                      B->trans,         A->ld, B->ld,            C->ld,    batch,    beta != 0};
-  uint64_t h = HASH_FNV_INIT;
-  for (int i = 0; i < 12; i++) h = hash_fnv(h, (uint64_t)key[i]);
-  algo_entry *e = &b->cache[h % ALGO_CACHE];
+  algo_entry *e = cache_slot(b, key, sizeof key);
   lt_call call = {desc, la, lb, lc, (const void *)(uintptr_t)B->p, (const void *)(uintptr_t)A->p,
                   (void *)(uintptr_t)C->p, alpha, beta};
   const int64_t mnk[3] = {m, n, k};

@@ -67,5 +67,8 @@ typedef struct {
  * share a dtype (bf16 or f32); C is f32 or A's dtype. 0, or -1 with a message in err. */
 int gpu_gemm(gpu_blas *b, int64_t m, int64_t n, int64_t k, float alpha, const gpu_mat *A, const gpu_mat *B,
              float beta, const gpu_mat *C, int batch, char *err, size_t errlen);
+/* Heuristic queries so far: each shape class costs one (tests check that a step's shapes
+ * stay cached; MOEC_GEMM_TUNE times the candidates of each query, MOEC_GEMM_LOG=1 prints them). */
+long gpu_blas_queries(const gpu_blas *b);
 
 #endif

@@ -25,6 +25,7 @@
 #include <time.h>
 
 #include "ck_test.h"
+#include "runtime/gpu_blas.h"
 #include "runtime/gpu_kernels.h"
 #include "runtime/gpu_loader.h"
 
@@ -509,6 +510,64 @@ static void test_optim(void) {
   dfree_all();
 }
 
+/* ---- cuBLASLt GEMM (gpu_blas.c) ---- */
+
+/* A bf16 GEMM of each operand layout against the CPU, then the algorithm cache: a training
+ * step's shape classes (sizes mostly powers of two) queried once, then never again. */
+static void test_gemm(void) {
+  printf("gemm (cuBLASLt):\n");
+  char err[512];
+  gpu_blas *bl = gpu_blas_new(G, err, sizeof err);
+  if (!bl) {
+    printf("  SKIP: %s\n", err); /* the CPU emulator has no cuBLASLt */
+    return;
+  }
+  const int64_t m = 72, n = 40, k = 56;
+  for (int ta = 0; ta < 2; ta++)
+    for (int tb = 0; tb < 2; tb++) {
+      float *a = rnd(m * k, -1, 1, CG_DT_BF16), *b = rnd(k * n, -1, 1, CG_DT_BF16), *want = falloc(m * n), *got = falloc(m * n);
+      for (int64_t i = 0; i < m; i++)
+        for (int64_t j = 0; j < n; j++) {
+          double acc = 0;
+          for (int64_t l = 0; l < k; l++) acc += (double)a[ta ? l * m + i : i * k + l] * b[tb ? j * k + l : l * n + j];
+          want[i * n + j] = (float)acc;
+        }
+      gpu_mat A = {CG_DT_BF16, up_f(a, m * k, CG_DT_BF16), ta ? m : k, 0, ta};
+      gpu_mat B = {CG_DT_BF16, up_f(b, k * n, CG_DT_BF16), tb ? k : n, 0, tb};
+      gpu_mat C = {CG_DT_F32, dmalloc((size_t)(m * n) * 4), n, 0, 0};
+      CHECK(gpu_gemm(bl, m, n, k, 1.0f, &A, &B, 0.0f, &C, 1, err, sizeof err) == 0, "gemm: %s", err);
+      get_f(got, C.p, m * n, CG_DT_F32);
+      char what[64];
+      snprintf(what, sizeof what, "gemm %s%s bf16 -> f32", ta ? "T" : "N", tb ? "T" : "N");
+      cmp(what, got, want, m * n, CG_DT_F32, 1e-5, 1e-5 * maxabs(want, m * n));
+      free(a), free(b), free(want), free(got);
+      dfree_all();
+    }
+  /* 48 shape classes as a step has them: (m, n, k) from powers of two, three layouts */
+  const int64_t big = 2048;
+  gpu_ptr x = dmalloc((size_t)(big * big) * 2), y = dmalloc((size_t)(big * big) * 2), z = dmalloc((size_t)(big * big) * 4);
+  long q0 = gpu_blas_queries(bl), q1 = 0;
+  for (int pass = 0; pass < 2; pass++) {
+    if (pass == 1) q1 = gpu_blas_queries(bl);
+    for (int s = 0; s < 48; s++) {
+      int64_t mm = (int64_t)256 << (s % 4), nn = (int64_t)128 << (s / 4 % 4), kk = (int64_t)512 << (s / 16);
+      int ta = s / 16 == 1, tb = s / 16 == 2;
+      gpu_mat A = {CG_DT_BF16, x, ta ? mm : kk, 0, ta}, B = {CG_DT_BF16, y, tb ? kk : nn, 0, tb};
+      gpu_mat C = {CG_DT_F32, z, nn, 0, 0};
+      if (gpu_gemm(bl, mm, nn, kk, 1.0f, &A, &B, 0.0f, &C, 1, err, sizeof err) != 0) {
+        CHECK(0, "gemm %lld x %lld x %lld: %s", (long long)mm, (long long)nn, (long long)kk, err);
+        break;
+      }
+    }
+  }
+  long q2 = gpu_blas_queries(bl);
+  CHECK(q1 - q0 == 48 && q2 == q1, "algorithm cache: 48 shape classes took %ld queries, and %ld more the second time (want 48, 0)",
+        q1 - q0, q2 - q1);
+  printf("  algorithm cache: 48 shape classes, %ld heuristic queries, %ld on the second pass\n", q1 - q0, q2 - q1);
+  dfree_all();
+  gpu_blas_free(bl);
+}
+
 /* ---- MXFP8 ---- */
 
 /* Values across many binades (so blocks get many scales), plus special blocks. */
@@ -613,6 +672,7 @@ int main(void) {
   }
   test_router();
   test_optim();
+  test_gemm();
   test_oom();
   rt_cuda_free(K);
   printf("peak GPU memory held by the test: %s\n", gpu_fmt_bytes(gpu_peak_bytes(G), mem, sizeof mem));
