@@ -53,6 +53,7 @@ enum {
   CG_MAX_E = 256,         /* most experts the router and route kernels take */
   CG_CE_ROWS = 64,        /* rows per block in the cross-entropy partial sums */
   CG_GN_PARTS = 256,      /* partial sums (blocks) per tensor in the gradient norm */
+  CG_GN_TABLE = 32,       /* gradient tensors per sum-of-squares launch */
   CG_GT = 16,             /* grouped GEMM tile (GT x GT outputs, GT*GT threads) */
 };
 

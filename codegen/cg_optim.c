@@ -62,6 +62,17 @@ static const char *const src =
     "  if (threadIdx.x == 0) part[blockIdx.x] = s;\n"
     "}\n"
     "\n"
+    "// sumsq_partial for up to GN_TABLE tensors of one storage in one launch (a step has hundreds\n"
+    "// of gradients, and one launch each left the GPU idle between them): blockIdx.y picks the\n"
+    "// tensor, its parts follow the previous tensor's.\n"
+    "struct gn_table {\n"
+    "  const void *p[GN_TABLE];\n"
+    "  i64 n[GN_TABLE];\n"
+    "};\n"
+    "template <class X> __device__ void sumsq_table(gn_table t, double *part) {\n"
+    "  sumsq_partial<X>((const X *)t.p[blockIdx.y], t.n[blockIdx.y], part + (i64)blockIdx.y * gridDim.x);\n"
+    "}\n"
+    "\n"
     "// norm = sqrt(sum of all parts), rounded to float. One block.\n"
     "__device__ void grad_norm_final(const double *part, i64 nparts, float *norm) {\n"
     "  __shared__ double sh[32];\n"
@@ -74,6 +85,7 @@ static const char *const src =
 
 void cg_emit_optim(cg_buf *b, const cg_variant *v, int emu) {
   (void)v;
+  cg_printf(b, "#define GN_TABLE %d\n", CG_GN_TABLE);
   cg_puts(b, src);
   const char *kv[9];
   /* one AdamW and one sum of squares per gradient storage: f32, and bf16 (fold-grad-cast) */
@@ -84,6 +96,7 @@ void cg_emit_optim(cg_buf *b, const cg_variant *v, int emu) {
              "float w1, float b2, float c2, float neg_step, float bc2_sqrt, float eps, int small, int decay_on",
              "adamw<${X}>", kv, emu);
     cg_entry(b, CG_NT_RED, "moec_sumsq_partial_${x}", "const ${X} *x, i64 n, double *part", "sumsq_partial<${X}>", kv, emu);
+    cg_entry(b, CG_NT_RED, "moec_sumsq_table_${x}", "gn_table t, double *part", "sumsq_table<${X}>", kv, emu);
   }
   cg_dtype_kv(kv, CG_DT_F32, CG_DT_F32);
   cg_entry(b, CG_NT_RED, "moec_grad_norm_final", "const double *part, i64 nparts, float *norm", "grad_norm_final", kv,

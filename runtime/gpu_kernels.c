@@ -139,7 +139,7 @@ static const struct {
     {CG_FAM_ROUTE, "combine_fwd", 2},         {CG_FAM_ROUTE, "combine_bwd", 2},
     {CG_FAM_LOSS, "ce_partial", 1},           {CG_FAM_LOSS, "ce_final", 0},
     {CG_FAM_LOSS, "ce_count", 0},             {CG_FAM_LOSS, "ce_bwd", 1},
-    {CG_FAM_OPTIM, "adamw", 1},               {CG_FAM_OPTIM, "sumsq_partial", 1},
+    {CG_FAM_OPTIM, "adamw", 1},               {CG_FAM_OPTIM, "sumsq_partial", 1}, {CG_FAM_OPTIM, "sumsq_table", 1},
     {CG_FAM_OPTIM, "grad_norm_final", 0},     {CG_FAM_MXFP8, "mxfp8_quantize", 1},
     {CG_FAM_MXFP8, "mxfp8_quantize_cols", 1}, {CG_FAM_MXFP8, "mxfp8_dequantize", 1},
     {CG_FAM_GROUPED, "perm_from_pos", 0},     {CG_FAM_GROUPED, "perm_invert", 0},

@@ -370,18 +370,32 @@ int rt_cuda_adamw_step(rt_cuda *k, gpu_ptr p, cg_dtype gt, gpu_ptr g, gpu_ptr m,
                          &decay_on));
 }
 
+/* The launch parameter block of moec_sumsq_table (codegen/cg_optim.c's gn_table). */
+typedef struct {
+  gpu_ptr p[CG_GN_TABLE];
+  int64_t n[CG_GN_TABLE];
+} gn_table;
+
 int rt_cuda_grad_norm(rt_cuda *k, const gpu_ptr *bufs, const cg_dtype *dts, const int64_t *sizes, int n_bufs,
                       gpu_ptr norm) {
   char name[64];
   int64_t parts = (int64_t)n_bufs * CG_GN_PARTS;
   gpu_ptr ws = 0;
   if (rtk_scratch(k, (size_t)(parts > 0 ? parts : 1) * sizeof(double), &ws) != 0) return -1;
-  for (int i = 0; i < n_bufs; i++) {
-    gpu_ptr x = bufs[i], part = ws + (gpu_ptr)i * CG_GN_PARTS * sizeof(double);
-    int64_t n = sizes[i];
-    KN("sumsq_partial", 1, dts[i]);
-    if (rtk_launch(k, CG_FAM_OPTIM, NULL, name, CG_GN_PARTS, 1, CG_NT_RED, ARGS(&x, &n, &part)) != 0)
-      return -1;
+  /* runs of consecutive tensors of one dtype, up to CG_GN_TABLE a launch; tensor i's partial
+   * sums at i * CG_GN_PARTS either way, so the final sum's order is unchanged */
+  for (int i = 0; i < n_bufs;) {
+    gn_table t;
+    memset(&t, 0, sizeof t);
+    int nt = 0;
+    for (; i + nt < n_bufs && nt < CG_GN_TABLE && dts[i + nt] == dts[i]; nt++) {
+      t.p[nt] = bufs[i + nt];
+      t.n[nt] = sizes[i + nt];
+    }
+    gpu_ptr part = ws + (gpu_ptr)i * CG_GN_PARTS * sizeof(double);
+    KN("sumsq_table", 1, dts[i]);
+    if (rtk_launch(k, CG_FAM_OPTIM, NULL, name, CG_GN_PARTS, (uint64_t)nt, CG_NT_RED, ARGS(&t, &part)) != 0) return -1;
+    i += nt;
   }
   return rtk_launch(k, CG_FAM_OPTIM, NULL, "moec_grad_norm_final", 1, 1, CG_NT_RED, ARGS(&ws, &parts, &norm));
 }

@@ -506,6 +506,25 @@ static void test_optim(void) {
   get_f(&got, dn, 1, CG_DT_F32);
   cmp("grad norm (5 tensors, f32 and bf16, one empty)", &got, &want, 1, CG_DT_F32, 1e-6, 0);
   for (int i = 0; i < 5; i++) free(hb[i]);
+  /* 70 tensors: 40 bf16 then 30 f32 (tables of 32 + 8, then 30), sizes 0 .. 5000 */
+  enum { NT = 70 };
+  int64_t tsz[NT];
+  const float *tb[NT];
+  float *th[NT];
+  gpu_ptr td[NT];
+  cg_dtype tdt[NT];
+  for (int i = 0; i < NT; i++) {
+    tsz[i] = i == 7 ? 0 : (int64_t)rng_int(5000) + 1;
+    tdt[i] = i < 40 ? CG_DT_BF16 : CG_DT_F32;
+    th[i] = rnd(tsz[i], -2, 2, tdt[i]);
+    tb[i] = th[i];
+    td[i] = up_f(th[i], tsz[i], tdt[i]);
+  }
+  want = (float)ck_grad_norm(tb, tsz, NT);
+  RUN(rt_cuda_grad_norm(K, td, tdt, tsz, NT, dn));
+  get_f(&got, dn, 1, CG_DT_F32);
+  cmp("grad norm (70 tensors in launches of up to 32)", &got, &want, 1, CG_DT_F32, 1e-6, 0);
+  for (int i = 0; i < NT; i++) free(th[i]);
   expect_flag("optimizer", CK_OK);
   dfree_all();
 }
