@@ -252,7 +252,7 @@ static int exchange(kcomm *c, int op, frame proto, xfer *x, char *err, size_t er
       break;
     }
     if (pr == 0 && now_s() >= last + timeout) {
-      int n = snprintf(m, sizeof m, "world rank %d timed out after %.0f s in %s on the %s group waiting for world rank(s)",
+      int n = snprintf(m, sizeof m, "world rank %d timed out after %g s in %s on the %s group waiting for world rank(s)",
                        c->base.world_rank, timeout, on, gn);
       for (int i = 0; i < k && n > 0 && (size_t)n < sizeof m; i++)
         n += snprintf(m + n, sizeof m - (size_t)n, " %d", c->members[who[i]]);
