@@ -48,7 +48,7 @@ typedef struct {
 
 typedef struct {
   struct comm base;
-  int members[1]; /* (size) world ranks, ascending; allocated with the struct */
+  int members[]; /* (size) world ranks, ascending; allocated with the struct */
 } kcomm;
 
 typedef struct {
