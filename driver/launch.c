@@ -204,6 +204,7 @@ int cmd_launch(int argc, char **argv) {
       break;
     }
     if (p == 0) {
+      setpgid(0, 0); /* its own process group: stopping a rank stops what it started */
       signal(SIGINT, SIG_DFL), signal(SIGTERM, SIG_DFL), signal(SIGHUP, SIG_DFL);
       dup2(out[1], STDOUT_FILENO), dup2(err[1], STDERR_FILENO);
       close(out[0]), close(out[1]), close(err[0]), close(err[1]);
@@ -222,6 +223,7 @@ int cmd_launch(int argc, char **argv) {
       fprintf(stderr, "moec: error: launch: cannot run '%s': %s\n", cmd[0], strerror(errno));
       _exit(127);
     }
+    setpgid(p, p);
     close(out[1]), close(err[1]);
     pid[started] = p;
     st[2 * started] = (stream){.fd = out[0], .rank = started, .to = stdout};
@@ -230,7 +232,7 @@ int cmd_launch(int argc, char **argv) {
   int live = started, open_streams = 2 * started, failed_rank = -1, killed = 0;
   double kill_at = 0;
   if (rc) { /* could not start them all: stop the ones that run */
-    for (int k = 0; k < started; k++) kill(pid[k], SIGTERM);
+    for (int k = 0; k < started; k++) kill(-pid[k], SIGTERM);
     killed = 1, kill_at = now_s() + 5;
   }
   while (live > 0 || open_streams > 0) {
@@ -269,7 +271,7 @@ int cmd_launch(int argc, char **argv) {
             failed_rank = r;
             fprintf(stderr, "moec launch: rank %d (pid %d) failed with %s; stopping the other %d rank(s)\n", r, (int)p, d, live);
             for (int o = 0; o < started; o++)
-              if (!done[o]) kill(pid[o], SIGTERM);
+              if (!done[o]) kill(-pid[o], SIGTERM);
             killed = 1, kill_at = now_s() + 5;
           }
         }
@@ -277,13 +279,13 @@ int cmd_launch(int argc, char **argv) {
     if (got_signal && !killed) {
       fprintf(stderr, "moec launch: got signal %d; stopping the ranks\n", (int)got_signal);
       for (int o = 0; o < started; o++)
-        if (!done[o]) kill(pid[o], (int)got_signal);
+        if (!done[o]) kill(-pid[o], (int)got_signal);
       killed = 1, kill_at = now_s() + 5;
       rc = 1;
     }
     if (killed && live > 0 && now_s() > kill_at) { /* they did not stop: make them */
       for (int o = 0; o < started; o++)
-        if (!done[o]) kill(pid[o], SIGKILL);
+        if (!done[o]) kill(-pid[o], SIGKILL);
       kill_at = now_s() + 3600;
     }
     if (live == 0 && open_streams > 0 && killed) { /* grandchildren holding the pipes: stop reading */

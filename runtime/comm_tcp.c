@@ -77,6 +77,20 @@ static void close_fds(int *fds, int n, int me) {
 
 static void tcp_free(comm_world *cw) {
   kworld *w = KW(cw);
+  if (w->failed && w->fds) {
+    /* unread data at close would reset the stream, which can discard the abort frame this rank
+     * sent: close the sending side, and read what the peers still send for a moment */
+    for (int j = 0; j < w->base.n; j++)
+      if (j != w->me && w->fds[j] >= 0) shutdown(w->fds[j], SHUT_WR);
+    double dl = now_s() + 0.3;
+    for (int j = 0; j < w->base.n; j++) {
+      char buf[4096];
+      while (j != w->me && w->fds[j] >= 0 && now_s() < dl) {
+        struct pollfd p = {w->fds[j], POLLIN, 0};
+        if (poll(&p, 1, 20) > 0 && recv(w->fds[j], buf, sizeof buf, MSG_DONTWAIT) <= 0) break;
+      }
+    }
+  }
   close_fds(w->fds, w->base.n, w->me);
   free(w->fds);
   free(w->clean);
@@ -322,8 +336,13 @@ static int exchange(kcomm *c, int op, frame proto, xfer *x, char *err, size_t er
         ssize_t put = send(fd, src, want, MSG_NOSIGNAL | MSG_DONTWAIT);
         if (put < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) continue;
         if (put <= 0) {
+          /* the peer is gone; its stream may still hold why (an abort frame): read that first */
+          int e = put == 0 ? EPIPE : errno;
+          t->send = 0;
+          w->clean[peer] = 0;
+          if (t->recv) continue;
           snprintf(m, sizeof m, "world rank %d lost world rank %d in %s on the %s group: %s (it exited or crashed)",
-                   c->base.world_rank, peer, on, gn, put == 0 ? "nothing sent" : strerror(errno));
+                   c->base.world_rank, peer, on, gn, strerror(e));
           rc = xfail(w, m, err, errlen);
           break;
         }
