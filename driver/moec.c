@@ -10,7 +10,9 @@
 #include "pipeline.h"
 #include "bundle.h"
 #include "gpu_loader.h"
+#include "launch.h"
 #include "memplan.h"
+#include "comm.h"
 #include "train.h"
 
 #include <unistd.h>
@@ -38,6 +40,7 @@ static const char *usage_main =
     "  dump    print the IR (after lowering, or after any pass)\n"
     "  train   train a model on a genome (FASTA), on the CPU\n"
     "  compile write a standalone training executable for a model\n"
+    "  launch  run N processes of a command as the ranks of one world (moec launch -n 2 moec train ...)\n"
     "\n"
     "Run 'moec COMMAND --help' for a command's options; docs/language.md describes .moe files.\n";
 
@@ -317,11 +320,15 @@ static int cmd_train(int argc, char **argv) {
     fprintf(stderr, "moec: error: --device %s: expected cpu or cuda\n", c.device);
     return 1;
   }
+  /* WORLD_SIZE > 1: this process is one rank of a world of processes (driver/launch.c) */
+  int multi = launch_train_check(c.device, &c.train.cuda);
+  if (multi < 0) return 1;
   /* the GPU when one is present, unless asked otherwise */
   char derr[256];
   int n_gpus = 0;
   c.train.cuda = c.device ? strcmp(c.device, "cuda") == 0
                           : gpu_driver_load(derr, sizeof derr) == 0 && gpu_device_count(&n_gpus, derr, sizeof derr) == 0 && n_gpus > 0;
+  if (multi) c.train.cuda = 0;
   /* the GPU kernels of the fusion passes' ops (codegen/cg_grouped.c) have only run on the CPU
    * emulator so far: on the GPU the step keeps the naive experts unless --passes names the
    * passes (group-linear, grouped-mlp; mxfp8 has no GPU executor yet) */
@@ -337,7 +344,9 @@ static int cmd_train(int argc, char **argv) {
   ir_graph *probe = load_rank_model(&c);
   if (!probe) return 1;
   int ep = probe->cfg.ep > 1 ? (int)probe->cfg.ep : 1;
+  int64_t dp = probe->cfg.dp > 1 ? probe->cfg.dp : 1;
   ir_graph_free(probe);
+  if (multi && !(c.train.world = launch_train_join(ep, dp, &c.train.rank))) return 1;
   ir_graph **fwd = calloc((size_t)ep, sizeof *fwd), **step = calloc((size_t)ep, sizeof *step);
   /* the forward graph (validation) takes the same passes, without autodiff, and is not dumped */
   char fwd_disable[1024];
@@ -356,7 +365,7 @@ static int cmd_train(int argc, char **argv) {
   }
   if (ok) {
     c.train.moe_path = c.file;
-    c.train.progress = isatty(STDERR_FILENO);
+    c.train.progress = isatty(STDERR_FILENO) && c.train.rank == 0;
     rc = moec_train((const ir_graph *const *)fwd, (const ir_graph *const *)step, &c.train);
   }
   for (int e = 0; fwd && step && e < ep; e++) {
@@ -365,6 +374,7 @@ static int cmd_train(int argc, char **argv) {
   }
   free(fwd);
   free(step);
+  comm_world_free(c.train.world);
   return rc;
 }
 
@@ -470,6 +480,7 @@ int main(int argc, char **argv) {
   if (strcmp(argv[1], "dump") == 0) return cmd_dump(argc, argv);
   if (strcmp(argv[1], "train") == 0) return cmd_train(argc, argv);
   if (strcmp(argv[1], "compile") == 0) return cmd_compile(argc, argv);
-  fprintf(stderr, "moec: error: unknown command '%s'; the commands are check, dump, train, compile (see 'moec --help')\n", argv[1]);
+  if (strcmp(argv[1], "launch") == 0) return cmd_launch(argc, argv);
+  fprintf(stderr, "moec: error: unknown command '%s'; the commands are check, dump, train, compile, launch (see 'moec --help')\n", argv[1]);
   return 1;
 }

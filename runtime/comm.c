@@ -1,283 +1,60 @@
-/* comm.c -- the in-process communicator (ranks are threads). Every collective is two
- * rendezvous of the group: ranks post their buffers and meet (entry), each computes its own
- * result from everyone's buffers into private memory, they meet again (exit: nobody's buffer
- * is read any more), and each writes its result. The entry fails fast on an aborted world and
- * on the timeout; the exit only waits (every rank past the entry reaches it). */
-#include "comm.h"
+/* comm.c -- the communicator's front: the rank layout, and the calls of comm.h dispatched to
+ * the world's backend (comm_threads.c, comm_tcp.c). */
+#include "comm_impl.h"
 
-#include <errno.h>
-#include <pthread.h>
-#include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
-#include <time.h>
-
-typedef struct {
-  const char *op; /* the collective each rank called, checked to agree */
-  const void *send;
-  const size_t *counts, *recv_counts;
-  int64_t n;
-  int dt, root;
-} slot;
-
-typedef struct {
-  int size;
-  int *members; /* (size) world ranks, ascending */
-  int count;    /* arrived at the current rendezvous */
-  uint64_t gen;
-  int *arrived; /* (size) */
-  slot *slots;  /* (size) */
-} group_state;
-
-struct comm {
-  comm_world *w;
-  group_state *g;
-  comm_group grp;
-  int rank, world_rank;
-};
-
-struct comm_world {
-  int ep, dp, n;
-  double timeout_s;
-  pthread_mutex_t mu;
-  pthread_cond_t cv;
-  int failed;
-  char msg[512];
-  group_state *groups; /* world (1), EP (dp of them), DP (ep of them) */
-  int n_groups;
-  comm *handles; /* (n * COMM_GROUPS) */
-};
 
 static const char *const group_names[COMM_GROUPS] = {"world", "ep", "dp"};
 const char *comm_group_name(comm_group grp) { return grp < COMM_GROUPS ? group_names[grp] : "?"; }
 
-static int group_init(group_state *g, int size) {
-  g->size = size;
-  g->members = calloc((size_t)size, sizeof *g->members);
-  g->arrived = calloc((size_t)size, sizeof *g->arrived);
-  g->slots = calloc((size_t)size, sizeof *g->slots);
-  return g->members && g->arrived && g->slots ? 0 : -1;
+int comm_layout(int ep, int dp, int r, comm_group grp, int *members, int *me) {
+  int e = r % ep, d = r / ep, n = 0;
+  switch (grp) {
+  case COMM_WORLD:
+    for (int j = 0; j < ep * dp; j++) members[n++] = j;
+    *me = r;
+    break;
+  case COMM_EP:
+    for (int j = 0; j < ep; j++) members[n++] = d * ep + j;
+    *me = e;
+    break;
+  default:
+    for (int j = 0; j < dp; j++) members[n++] = j * ep + e;
+    *me = d;
+    break;
+  }
+  return n;
 }
 
-comm_world *comm_world_new(int ep, int dp, double timeout_s) {
-  if (ep < 1 || dp < 1) return NULL;
-  comm_world *w = calloc(1, sizeof *w);
-  if (!w) return NULL;
-  w->ep = ep, w->dp = dp, w->n = ep * dp, w->timeout_s = timeout_s;
-  pthread_mutex_init(&w->mu, NULL);
-  pthread_cond_init(&w->cv, NULL);
-  w->n_groups = 1 + dp + ep;
-  w->groups = calloc((size_t)w->n_groups, sizeof *w->groups);
-  w->handles = calloc((size_t)w->n * COMM_GROUPS, sizeof *w->handles);
-  int ok = w->groups && w->handles && group_init(&w->groups[0], w->n) == 0;
-  for (int d = 0; ok && d < dp; d++) ok = group_init(&w->groups[1 + d], ep) == 0;
-  for (int e = 0; ok && e < ep; e++) ok = group_init(&w->groups[1 + dp + e], dp) == 0;
-  if (!ok) {
-    comm_world_free(w);
-    return NULL;
-  }
-  for (int r = 0; r < w->n; r++) {
-    int e = r % ep, d = r / ep;
-    group_state *gs[COMM_GROUPS] = {&w->groups[0], &w->groups[1 + d], &w->groups[1 + dp + e]};
-    int in_group[COMM_GROUPS] = {r, e, d};
-    for (int k = 0; k < COMM_GROUPS; k++) {
-      gs[k]->members[in_group[k]] = r;
-      w->handles[r * COMM_GROUPS + k] = (comm){w, gs[k], (comm_group)k, in_group[k], r};
-    }
-  }
-  return w;
-}
-
+comm_world *comm_world_new(int ep, int dp, double timeout_s) { return comm_threads_new(ep, dp, timeout_s); }
 void comm_world_free(comm_world *w) {
-  if (!w) return;
-  for (int i = 0; w->groups && i < w->n_groups; i++) {
-    free(w->groups[i].members);
-    free(w->groups[i].arrived);
-    free(w->groups[i].slots);
-  }
-  free(w->groups);
-  free(w->handles);
-  pthread_mutex_destroy(&w->mu);
-  pthread_cond_destroy(&w->cv);
-  free(w);
+  if (w) w->ops->free(w);
 }
-
 int comm_world_size(const comm_world *w) { return w->n; }
+const char *comm_world_backend(const comm_world *w) { return w->ops->name; }
 comm *comm_get(comm_world *w, int rank, comm_group grp) {
   if (rank < 0 || rank >= w->n || grp >= COMM_GROUPS) return NULL;
-  return &w->handles[rank * COMM_GROUPS + grp];
+  return w->ops->get(w, rank, grp);
 }
 int comm_rank(const comm *c) { return c->rank; }
-int comm_size(const comm *c) { return c->g->size; }
+int comm_size(const comm *c) { return c->size; }
 int comm_world_rank(const comm *c) { return c->world_rank; }
-
-static void fail_locked(comm_world *w, const char *msg) {
-  if (!w->failed) {
-    w->failed = 1;
-    snprintf(w->msg, sizeof w->msg, "%s", msg);
-  }
-  pthread_cond_broadcast(&w->cv);
-}
-
-void comm_abort(comm_world *w, int rank, const char *msg) {
-  char m[512];
-  snprintf(m, sizeof m, "rank %d stopped: %s", rank, msg);
-  pthread_mutex_lock(&w->mu);
-  fail_locked(w, m);
-  pthread_mutex_unlock(&w->mu);
-}
-
-static int errf(char *err, size_t errlen, const char *fmt, const char *a, const char *b) {
-  if (err && errlen) snprintf(err, errlen, fmt, a, b);
-  return -1;
-}
-
-/* Meets the group. fail_fast: return -1 when the world has failed or the wait times out. */
-static int rendezvous(comm *c, const char *op, int fail_fast, char *err, size_t errlen) {
-  comm_world *w = c->w;
-  group_state *g = c->g;
-  struct timespec dl;
-  clock_gettime(CLOCK_REALTIME, &dl);
-  double t = (double)dl.tv_sec + 1e-9 * (double)dl.tv_nsec + (w->timeout_s > 0 ? w->timeout_s : 3600);
-  dl.tv_sec = (time_t)t;
-  dl.tv_nsec = (long)((t - (double)dl.tv_sec) * 1e9);
-  pthread_mutex_lock(&w->mu);
-  if (fail_fast && w->failed) {
-    pthread_mutex_unlock(&w->mu);
-    return errf(err, errlen, "comm: %s: %s", op, w->msg);
-  }
-  uint64_t gen = g->gen;
-  g->arrived[c->rank] = 1;
-  if (++g->count == g->size) {
-    g->count = 0;
-    memset(g->arrived, 0, (size_t)g->size * sizeof *g->arrived);
-    g->gen++;
-    pthread_cond_broadcast(&w->cv);
-  }
-  while (g->gen == gen && !(fail_fast && w->failed)) {
-    int rc = pthread_cond_timedwait(&w->cv, &w->mu, &dl);
-    if (rc == ETIMEDOUT && g->gen == gen && fail_fast) {
-      char m[512];
-      int k = snprintf(m, sizeof m, "world rank %d timed out after %.0f s in %s on the %s group waiting for world rank(s)",
-                       c->world_rank, w->timeout_s, op, group_names[c->grp]);
-      for (int i = 0; i < g->size && k > 0 && (size_t)k < sizeof m; i++)
-        if (!g->arrived[i]) k += snprintf(m + k, sizeof m - (size_t)k, " %d", g->members[i]);
-      if (k > 0 && (size_t)k < sizeof m) snprintf(m + k, sizeof m - (size_t)k, " (never arrived)");
-      fail_locked(w, m);
-    }
-  }
-  int ok = g->gen != gen;
-  if (!ok) {
-    /* leave the rendezvous: the others must not count this rank as arrived */
-    g->arrived[c->rank] = 0;
-    g->count--;
-  }
-  pthread_mutex_unlock(&w->mu);
-  return ok ? 0 : errf(err, errlen, "comm: %s: %s", op, w->msg);
-}
-
-/* Entry: post the slot, meet, and check every rank called the same collective alike. */
-static int enter(comm *c, slot s, char *err, size_t errlen) {
-  c->g->slots[c->rank] = s;
-  if (rendezvous(c, s.op, 1, err, errlen)) return -1;
-  for (int j = 0; j < c->g->size; j++) {
-    const slot *o = &c->g->slots[j];
-    if (strcmp(o->op, s.op) != 0 || o->n != s.n || o->dt != s.dt || o->root != s.root) {
-      char m[256];
-      snprintf(m, sizeof m, "world rank %d called %s(n=%lld) while world rank %d called %s(n=%lld) on the %s group",
-               c->g->members[j], o->op, (long long)o->n, c->world_rank, s.op, (long long)s.n, group_names[c->grp]);
-      rendezvous(c, s.op, 0, NULL, 0);
-      comm_abort(c->w, c->world_rank, m);
-      return errf(err, errlen, "comm: %s%s", m, "");
-    }
-  }
-  return 0;
-}
-
-static int leave(comm *c, const char *op, char *err, size_t errlen) { return rendezvous(c, op, 0, err, errlen); }
+void comm_abort(comm_world *w, int rank, const char *msg) { w->ops->abort(w, rank, msg); }
 
 int comm_all_reduce_sum(comm *c, void *buf, int64_t n, comm_dtype dt, char *err, size_t errlen) {
-  if (enter(c, (slot){"all_reduce_sum", buf, NULL, NULL, n, dt, 0}, err, errlen)) return -1;
-  size_t bytes = (size_t)(n > 0 ? n : 1) * 4;
-  void *acc = malloc(bytes);
-  if (acc && n > 0) {
-    /* in rank order: acc = x_0, then acc += x_1, ... */
-    memcpy(acc, c->g->slots[0].send, (size_t)n * 4);
-    for (int j = 1; j < c->g->size; j++) {
-      if (dt == COMM_F32) {
-        float *a = acc;
-        const float *x = c->g->slots[j].send;
-        for (int64_t i = 0; i < n; i++) a[i] += x[i];
-      } else {
-        int32_t *a = acc;
-        const int32_t *x = c->g->slots[j].send;
-        for (int64_t i = 0; i < n; i++) a[i] += x[i];
-      }
-    }
-  }
-  int rc = leave(c, "all_reduce_sum", err, errlen);
-  if (!acc) return errf(err, errlen, "comm: all_reduce_sum: out of host memory%s%s", "", "");
-  if (rc == 0 && n > 0) memcpy(buf, acc, (size_t)n * 4);
-  free(acc);
-  return rc;
+  return c->w->ops->all_reduce_sum(c, buf, n, dt, err, errlen);
 }
-
 int comm_all_gather(comm *c, const void *send, size_t bytes, void *recv, char *err, size_t errlen) {
-  if (enter(c, (slot){"all_gather", send, NULL, NULL, (int64_t)bytes, 0, 0}, err, errlen)) return -1;
-  for (int j = 0; bytes && j < c->g->size; j++) memcpy((char *)recv + (size_t)j * bytes, c->g->slots[j].send, bytes);
-  return leave(c, "all_gather", err, errlen);
+  return c->w->ops->all_gather(c, send, bytes, recv, err, errlen);
 }
-
 int comm_broadcast(comm *c, void *buf, size_t bytes, int root, char *err, size_t errlen) {
-  if (root < 0 || root >= c->g->size) return errf(err, errlen, "comm: broadcast: root out of range%s%s", "", "");
-  if (enter(c, (slot){"broadcast", buf, NULL, NULL, (int64_t)bytes, 0, root}, err, errlen)) return -1;
-  void *tmp = malloc(bytes ? bytes : 1);
-  if (tmp && bytes) memcpy(tmp, c->g->slots[root].send, bytes);
-  int rc = leave(c, "broadcast", err, errlen);
-  if (!tmp) return errf(err, errlen, "comm: broadcast: out of host memory%s%s", "", "");
-  if (rc == 0 && bytes && c->rank != root) memcpy(buf, tmp, bytes);
-  free(tmp);
-  return rc;
+  return c->w->ops->broadcast(c, buf, bytes, root, err, errlen);
 }
-
-int comm_barrier(comm *c, char *err, size_t errlen) {
-  if (enter(c, (slot){"barrier", NULL, NULL, NULL, 0, 0, 0}, err, errlen)) return -1;
-  return leave(c, "barrier", err, errlen);
-}
-
+int comm_barrier(comm *c, char *err, size_t errlen) { return c->w->ops->barrier(c, err, errlen); }
 int comm_all_to_all_counts(comm *c, const size_t *send_bytes, size_t *recv_bytes, char *err, size_t errlen) {
-  if (enter(c, (slot){"all_to_all_counts", NULL, send_bytes, NULL, 0, 0, 0}, err, errlen)) return -1;
-  int P = c->g->size;
-  size_t *tmp = malloc((size_t)P * sizeof *tmp);
-  for (int j = 0; tmp && j < P; j++) tmp[j] = c->g->slots[j].counts[c->rank];
-  int rc = leave(c, "all_to_all_counts", err, errlen);
-  if (!tmp) return errf(err, errlen, "comm: all_to_all_counts: out of host memory%s%s", "", "");
-  if (rc == 0) memcpy(recv_bytes, tmp, (size_t)P * sizeof *tmp);
-  free(tmp);
-  return rc;
+  return c->w->ops->all_to_all_counts(c, send_bytes, recv_bytes, err, errlen);
 }
-
 int comm_all_to_all_v(comm *c, const void *send, const size_t *send_bytes, void *recv, const size_t *recv_bytes,
                       char *err, size_t errlen) {
-  if (enter(c, (slot){"all_to_all_v", send, send_bytes, recv_bytes, 0, 0, 0}, err, errlen)) return -1;
-  int P = c->g->size;
-  /* every rank checks the whole count matrix, so all agree on failing */
-  for (int i = 0; i < P; i++)
-    for (int j = 0; j < P; j++)
-      if (c->g->slots[j].counts[i] != c->g->slots[i].recv_counts[j]) {
-        char m[256];
-        snprintf(m, sizeof m, "all_to_all_v: world rank %d sends %zu bytes to world rank %d, which expects %zu",
-                 c->g->members[j], c->g->slots[j].counts[i], c->g->members[i], c->g->slots[i].recv_counts[j]);
-        leave(c, "all_to_all_v", NULL, 0);
-        comm_abort(c->w, c->world_rank, m);
-        return errf(err, errlen, "comm: %s%s", m, "");
-      }
-  size_t off_out = 0;
-  for (int j = 0; j < P; j++) {
-    size_t off_in = 0;
-    for (int d = 0; d < c->rank; d++) off_in += c->g->slots[j].counts[d];
-    if (recv_bytes[j]) memcpy((char *)recv + off_out, (const char *)c->g->slots[j].send + off_in, recv_bytes[j]);
-    off_out += recv_bytes[j];
-  }
-  return leave(c, "all_to_all_v", err, errlen);
+  return c->w->ops->all_to_all_v(c, send, send_bytes, recv, recv_bytes, err, errlen);
 }

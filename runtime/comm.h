@@ -1,8 +1,10 @@
 /* comm.h -- the communicator: N ranks exchanging buffers through collectives.
  *
- * This is the in-process implementation: the ranks are threads of one process, and a
- * collective is a rendezvous of the group's threads on shared memory. The interface is the
- * one the NCCL path will implement (docs/parallel.md): all_reduce -> ncclAllReduce,
+ * One interface, two backends (comm_impl.h): ranks as threads of one process
+ * (comm_threads_new, comm_threads.c: a collective is a rendezvous of the group's threads on
+ * shared memory), and one rank per process over a full mesh of TCP sockets (comm_tcp_new,
+ * comm_tcp.c; bootstrap.h connects the mesh). The interface is the one the NCCL path will
+ * implement (docs/parallel.md): all_reduce -> ncclAllReduce,
  * all_to_all_v -> ncclGroupStart + ncclSend/ncclRecv per peer, all_gather -> ncclAllGather,
  * broadcast -> ncclBroadcast, barrier -> an all_reduce of one value.
  *
@@ -30,11 +32,21 @@ typedef enum { COMM_F32, COMM_I32 } comm_dtype;
 typedef struct comm_world comm_world;
 typedef struct comm comm; /* one rank's handle on one group */
 
-/* A world of ep*dp ranks; timeout_s > 0 bounds every wait. NULL when out of memory. */
+/* A world of ep*dp ranks as threads of this process; timeout_s > 0 bounds every wait. NULL
+ * when out of memory. comm_world_new is the same call (its older name). */
+comm_world *comm_threads_new(int ep, int dp, double timeout_s);
 comm_world *comm_world_new(int ep, int dp, double timeout_s);
+/* This process as world rank `rank` of ep*dp processes: fds[j] is a connected stream socket
+ * to world rank j (fds[rank] unused; bootstrap.h's boot_mesh makes them); the world owns and
+ * closes them. timeout_s bounds every wait for a peer (no progress for that long fails the
+ * collective). NULL (and a message in err) on bad arguments or out of memory; the fds are
+ * closed then too. */
+comm_world *comm_tcp_new(int ep, int dp, int rank, int *fds, double timeout_s, char *err, size_t errlen);
 void comm_world_free(comm_world *w);
 int comm_world_size(const comm_world *w);
-/* Rank `rank`'s handle on group grp (owned by the world). */
+const char *comm_world_backend(const comm_world *w); /* "threads" or "tcp" */
+/* Rank `rank`'s handle on group grp (owned by the world). The TCP world has one rank's
+ * handles only: NULL for another rank. */
 comm *comm_get(comm_world *w, int rank, comm_group grp);
 const char *comm_group_name(comm_group grp);
 
@@ -42,7 +54,8 @@ int comm_rank(const comm *c); /* in the group */
 int comm_size(const comm *c);
 int comm_world_rank(const comm *c);
 
-/* Marks the world failed with msg: every rank's pending and later collectives return -1. */
+/* Marks the world failed with msg: every rank's pending and later collectives return -1 (over
+ * TCP: this process's, and the peers' as the message reaches them). */
 void comm_abort(comm_world *w, int rank, const char *msg);
 
 /* buf (n values) <- the sum over the group, in rank order. */

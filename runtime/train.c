@@ -563,13 +563,22 @@ int moec_train(const ir_graph *const *fwds, const ir_graph *const *steps, const 
     data_close(d);
     return 1;
   }
-  fprintf(stderr, "data: %s: %lld records, %lld train / %lld val bases, %lld train windows of %lld (%.1fs)\n", path,
+  if (!o->world || o->rank == 0)
+    fprintf(stderr, "data: %s: %lld records, %lld train / %lld val bases, %lld train windows of %lld (%.1fs)\n", path,
           (long long)data_n_records(d), (long long)data_n_bases(d, DATA_TRAIN), (long long)data_n_bases(d, DATA_VAL),
           (long long)data_n_windows(d, DATA_TRAIN), (long long)cfg->seq, now_s() - t_load);
 
   int rc;
   int64_t world = cfg->ep * cfg->dp;
-  if (world <= 1) {
+  if (o->world) {
+    /* one rank of a world of processes: the same per-rank loop, through the world's communicator */
+    int ep = cfg->ep > 1 ? (int)cfg->ep : 1;
+    if (o->rank == 0)
+      fprintf(stderr, "ranks: %lld (ep %lld x dp %lld) as processes (%s communicator), %lld sequences each\n",
+              (long long)world, (long long)cfg->ep, (long long)cfg->dp, comm_world_backend(o->world), (long long)cfg->batch);
+    rank_ctx r = {fwds[o->rank % ep], steps[o->rank % ep], steps, o, d, o->world, o->rank, comm_world_size(o->world), 1};
+    rc = train_rank(&r);
+  } else if (world <= 1) {
     rank_ctx r = {fwds[0], steps[0], steps, o, d, NULL, 0, 1, 0};
     rc = train_rank(&r);
   } else {
