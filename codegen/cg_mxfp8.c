@@ -1,5 +1,6 @@
 /* cg_mxfp8.c -- MXFP8 quantize (row-wise and column-wise) and dequantize, bit-exact with
- * ck_mxfp8_quantize / _dequantize. One module per (block, share128): the block and the
+ * ck_mxfp8_quantize / _dequantize, and their round trip along any axis (ck_mxfp8_qdq, the
+ * executor's e4m3 values). One module per (block, share128): the block and the
  * group that shares a scale are compile-time constants, so the per-thread element loop
  * unrolls into registers. Native sm_100 block scaling (cuBLASLt VEC32_UE8M0) consumes the
  * same bytes; nothing here can test sm_100. */
@@ -108,6 +109,52 @@ static const char *const src =
     "  }\n"
     "}\n"
     "\n"
+    "// One element of a group with scale `code` through E4M3 and back: the exact value the MXFP8\n"
+    "// encoding holds, NaN as ck_mxfp8_dequantize gives it.\n"
+    "__device__ __forceinline__ float mx_roundtrip(float v, int code, float mul) {\n"
+    "  if (code == 0xFF) return f32_qnan();\n"
+    "  const u8 b = e4m3_encode(v * mul);\n"
+    "  if ((b & 0x7F) == 0x7F) return __uint_as_float(((u32)(b & 0x80) << 24) | 0x7fc00000u);\n"
+    "  return e4m3_decode(b) * pow2f(code - 127);\n"
+    "}\n"
+    "\n"
+    "// Quantize-dequantize along one axis (ck_mxfp8_qdq), the executor's form of the IR's e4m3\n"
+    "// values: x seen as (outer, L, inner); each line (o, i) of L elements, stride inner, is cut\n"
+    "// into GROUP-element units from its start, or from each expert's first row when counts (E)\n"
+    "// are given (axis 0); a short last unit counts as zero-padded. y (may be x) gets the exact\n"
+    "// values. One thread a unit, adjacent threads adjacent i (coalesced when inner > 1); units\n"
+    "// is an upper bound (L / GROUP rounded up, plus E with counts), spare threads return.\n"
+    "template <class X, class Y>\n"
+    "__device__ void mxfp8_qdq(const X *x, Y *y, i64 outer, i64 L, i64 inner, i64 units, const int *counts, i64 E) {\n"
+    "  GRID_LOOP(t, outer * inner * units) {\n"
+    "    const i64 i = t % inner, u = t / inner % units, o = t / inner / units;\n"
+    "    i64 s = -1, n = 0;\n"
+    "    if (counts) {\n"
+    "      i64 start = 0, uu = u;\n"
+    "      for (i64 e = 0; e < E; e++) {\n"
+    "        const i64 ne = counts[e], nu = (ne + GROUP - 1) / GROUP;\n"
+    "        if (uu < nu) {\n"
+    "          s = start + uu * GROUP;\n"
+    "          n = ne - uu * GROUP < GROUP ? ne - uu * GROUP : GROUP;\n"
+    "          break;\n"
+    "        }\n"
+    "        uu -= nu;\n"
+    "        start += ne;\n"
+    "      }\n"
+    "    } else if (u * GROUP < L) {\n"
+    "      s = u * GROUP;\n"
+    "      n = L - s < GROUP ? L - s : GROUP;\n"
+    "    }\n"
+    "    if (s < 0) continue;\n"
+    "    const i64 base = (o * L + s) * inner + i;\n"
+    "    float amax = 0.0f;\n"
+    "    for (i64 j = 0; j < n; j++) amax = fmaxf(amax, amax_key(ld(x + base + j * inner)));\n"
+    "    const int code = amax == f32_inf() ? 0xFF : e8m0_for_amax(amax);\n"
+    "    const float mul = code == 0xFF ? 0.0f : pow2f(127 - code);\n"
+    "    for (i64 j = 0; j < n; j++) st(y + base + j * inner, mx_roundtrip(ld(x + base + j * inner), code, mul));\n"
+    "  }\n"
+    "}\n"
+    "\n"
     "// x = e4m3(q) 2^(scale - 127); scale 0xFF gives NaN, an E4M3 NaN code gives NaN with its\n"
     "// sign (the CPU's ldexpf keeps it; a float multiply would not).\n"
     "template <class T> __device__ void mxfp8_dequantize(const u8 *q, const u8 *scale, T *x, i64 n) {\n"
@@ -137,5 +184,11 @@ void cg_emit_mxfp8(cg_buf *b, const cg_variant *v, int emu) {
              "mxfp8_quantize_cols<${X}>", kv, emu);
     cg_entry(b, CG_NT_MX, "moec_mxfp8_dequantize_${x}", "const u8 *q, const u8 *scale, ${X} *x, i64 n",
              "mxfp8_dequantize<${X}>", kv, emu);
+    for (int y = 0; y < CG_DT_COUNT; y++) {
+      cg_dtype_kv(kv, (cg_dtype)x, (cg_dtype)y);
+      cg_entry(b, CG_NT_MX, "moec_mxfp8_qdq_${x}_${w}",
+               "const ${X} *x, ${W} *y, i64 outer, i64 L, i64 inner, i64 units, const int *counts, i64 E",
+               "mxfp8_qdq<${X}, ${W}>", kv, emu);
+    }
   }
 }

@@ -329,16 +329,17 @@ static int cmd_train(int argc, char **argv) {
   c.train.cuda = c.device ? strcmp(c.device, "cuda") == 0
                           : gpu_driver_load(derr, sizeof derr) == 0 && gpu_device_count(&n_gpus, derr, sizeof derr) == 0 && n_gpus > 0;
   if (multi) c.train.cuda = 0;
-  /* the GPU kernels of the fusion passes' ops (codegen/cg_grouped.c) have only run on the CPU
-   * emulator so far: on the GPU the step keeps the naive experts unless --passes names the
-   * passes (group-linear, grouped-mlp; mxfp8 has no GPU executor yet) */
+  /* on the GPU the naive experts are faster for now (the fused ops run cuBLASLt per expert and
+   * copy weights and slices around them; issue 6's grouped kernel changes that): the step keeps
+   * them unless --passes names the passes (group-linear, grouped-mlp, and mxfp8, whose e4m3
+   * values the GPU keeps as their exact values, at bf16 GEMM speed) */
   char gpu_disable[1024];
   if (c.train.cuda && !c.pipe.passes) {
     snprintf(gpu_disable, sizeof gpu_disable, "%s%sgroup-linear,grouped-mlp,mxfp8", c.pipe.disable ? c.pipe.disable : "",
              c.pipe.disable ? "," : "");
     c.pipe.disable = gpu_disable;
     fprintf(stderr, "moec: note: --device cuda: group-linear, grouped-mlp and mxfp8 are off by default "
-                    "(their GPU kernels are new: --passes=lower,group-linear,grouped-mlp,autodiff,dce turns them on)\n");
+                    "(--passes=lower,group-linear,grouped-mlp,autodiff,fold-grad-cast,mxfp8,dce turns them on)\n");
   }
   /* one graph pair per EP rank (each keeps its own experts); DP ranks share them */
   ir_graph *probe = load_rank_model(&c);

@@ -894,7 +894,8 @@ static int exec_GROUPED_MLP(gx *x, int id) {
   if (DT(x, N(id)->in[1]) != DT(x, N(id)->in[2])) return fail(x, id, "w_gu and w_down dtypes differ");
   if (alloc_out(x, id, a->rows, 0)) return -1;
   cg_dtype tx = DT(x, N(id)->in[0]), tw = DT(x, N(id)->in[1]), to = DT(x, id);
-  if (grouped_blas(x, tx, tw) && to == tw && ir_get_int(N(id), "mx_block", 0) == 0) {
+  int64_t mx_block = ir_get_int(N(id), "mx_block", 0);
+  if (grouped_blas(x, tx, tw) && to == tw) {
     /* out (S, H + 2F) = y | gate_up: gate_up = xs . w_gu[e]; act = p * silu(g) * u; y = act . w_down[e] */
     const int32_t *cnt = host_counts(x, id, N(id)->in[3], a->rows);
     if (!cnt) return -1;
@@ -904,6 +905,10 @@ static int exec_GROUPED_MLP(gx *x, int id) {
     if (pool_get(x->rt, act_bytes, &act) != 0) return fail(x, id, "%s", gpu_error(x->rt->g));
     int rc = ggemm_blas(x, id, cnt, E, tx, a->p, H, tw, V(id, 1)->p, 0, to, gu, W, 2 * F, H);
     if (rc == 0) rc = ck(x, id, rt_cuda_mlp_act(KX, to, gu, W, V(id, 4)->p, act, S, F));
+    /* mxfp8: the down GEMM's operand quantized to MXFP8 row blocks, as ck_grouped_mlp_fwd */
+    const int64_t act_dims[2] = {S, F};
+    if (rc == 0 && mx_block > 0)
+      rc = ck(x, id, rt_cuda_mxfp8_qdq(KX, to, act, to, act, 2, act_dims, 1, mx_block, (int)ir_get_int(N(id), "mx_share128", 0), 0, 0));
     if (rc == 0) rc = ggemm_blas(x, id, cnt, E, to, act, F, tw, V(id, 2)->p, 0, to, x->val[id].p, W, H, F);
     pool_put(x->rt, act, act_bytes); /* stream order keeps it alive for the queued GEMMs */
     return rc;
@@ -938,13 +943,25 @@ static int exec_GROUPED_MLP_BWD(gx *x, int id) {
                                            F));
 }
 
-/* MXFP8 quantize/dequantize ops (the mxfp8 pass) have no GPU kernels in the executor yet. */
-#define NO_GPU_KERNEL(ID)                                                                             \
-  static int exec_##ID(gx *x, int id) {                                                               \
-    return fail(x, id, "no GPU kernel for this op yet; run without the mxfp8 pass "                   \
-                       "(--disable-pass=mxfp8) or with --device cpu");                                \
-  }
-NO_GPU_KERNEL(MXFP8_QUANTIZE) NO_GPU_KERNEL(MXFP8_DEQUANTIZE)
+/* MXFP8 (the mxfp8 pass): an e4m3 value is kept, as on the CPU, as the exact f32 values its
+ * E4M3 elements and E8M0 scales encode (quantize-dequantize along the op's axis); the GEMMs
+ * then read it through mxfp8_dequantize in bf16. Numerically MXFP8, with bf16 GEMM speed:
+ * FP8 tensor-core GEMMs are issue 6's grouped kernel. */
+static int exec_MXFP8_QUANTIZE(gx *x, int id) {
+  const dev_value *a = V(id, 0);
+  const ir_type *t = &N(id)->type;
+  int64_t dims[IR_MAX_RANK];
+  for (int d = 0; d < t->rank; d++) dims[d] = t->dims[d];
+  dims[0] = a->rows;
+  if (alloc_out(x, id, a->rows, 0)) return -1;
+  gpu_ptr counts = N(id)->n_in == 2 ? V(id, 1)->p : 0;
+  int64_t E = N(id)->n_in == 2 ? DIMOF(id, 1, 0) : 0;
+  return ck(x, id, rt_cuda_mxfp8_qdq(KX, DT(x, N(id)->in[0]), a->p, DT(x, id), x->val[id].p, t->rank, dims,
+                                     (int)ir_get_int(N(id), "axis", 0), ir_get_int(N(id), "block", 32),
+                                     (int)ir_get_int(N(id), "share128", 0), counts, E));
+}
+
+static int exec_MXFP8_DEQUANTIZE(gx *x, int id) { return exec_CAST(x, id); }
 
 typedef int (*exec_fn)(gx *, int);
 static const exec_fn exec_table[] = {

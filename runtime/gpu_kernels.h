@@ -212,5 +212,10 @@ int rt_cuda_mxfp8_quantize_cols(rt_cuda *k, cg_dtype t, gpu_ptr x /* (rows, cols
                                 int64_t block, int share128, gpu_ptr qt, gpu_ptr scale_t);
 int rt_cuda_mxfp8_dequantize(rt_cuda *k, cg_dtype t, gpu_ptr q, gpu_ptr scale, int64_t rows, int64_t cols,
                              int64_t block, gpu_ptr x /* (rows, cols) */);
+/* ck_mxfp8_qdq: y (dims, in ty; may be x) = the exact values of x quantized to MXFP8 along
+ * `axis` of dims (rank 1..4), blocks restarting at each expert's first row when counts (i32
+ * (E) on the device, axis 0 only) is not 0. */
+int rt_cuda_mxfp8_qdq(rt_cuda *k, cg_dtype tx, gpu_ptr x, cg_dtype ty, gpu_ptr y, int rank, const int64_t *dims,
+                      int axis, int64_t block, int share128, gpu_ptr counts, int64_t E);
 
 #endif

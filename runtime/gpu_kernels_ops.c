@@ -402,6 +402,25 @@ int rt_cuda_grad_norm(rt_cuda *k, const gpu_ptr *bufs, const cg_dtype *dts, cons
 
 /* ---- MXFP8 ---- */
 
+int rt_cuda_mxfp8_qdq(rt_cuda *k, cg_dtype tx, gpu_ptr x, cg_dtype ty, gpu_ptr y, int rank, const int64_t *dims,
+                      int axis, int64_t block, int share128, gpu_ptr counts, int64_t E) {
+  if (rank < 1 || rank > 4 || axis < 0 || axis >= rank || (counts && axis != 0))
+    return rtk_fail(k, "mxfp8 qdq: axis %d of a rank-%d tensor%s (%s)", axis, rank, counts ? " with expert counts" : "",
+                    ck_strerror(CK_ESHAPE));
+  if (block < 1 || block > 128 || (block & (block - 1)) != 0)
+    return rtk_fail(k, "mxfp8 qdq: block %lld: the GPU kernels take a power of two up to 128 (%s)", (long long)block,
+                    ck_strerror(CK_ESHAPE));
+  const cg_variant v = {(int)block, share128 != 0};
+  int64_t outer = 1, L = dims[axis], inner = 1, group = share128 ? 128 : block;
+  for (int d = 0; d < axis; d++) outer *= dims[d];
+  for (int d = axis + 1; d < rank; d++) inner *= dims[d];
+  int64_t units = (L + group - 1) / group + (counts ? E : 0), n = outer * inner * units;
+  char name[64];
+  KN("mxfp8_qdq", 2, tx, ty);
+  return rtk_launch(k, CG_FAM_MXFP8, &v, name, rtk_blocks(n, CG_NT_MX), 1, CG_NT_MX,
+                    ARGS(&x, &y, &outer, &L, &inner, &units, &counts, &E));
+}
+
 static int mx_check(rt_cuda *k, const char *what, int64_t along, int64_t block, int share128) {
   if (block < 1 || block > 128 || (block & (block - 1)) != 0)
     return rtk_fail(k, "%s: block %lld: the GPU kernels take a power of two up to 128 (%s)", what, (long long)block, ck_strerror(CK_ESHAPE));

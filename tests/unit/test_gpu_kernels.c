@@ -25,6 +25,7 @@
 #include <time.h>
 
 #include "ck_test.h"
+#include "runtime/ck_grouped.h"
 #include "runtime/gpu_blas.h"
 #include "runtime/gpu_kernels.h"
 #include "runtime/gpu_loader.h"
@@ -610,6 +611,40 @@ static float *mx_input(int64_t rows, int64_t cols, cg_dtype t) {
   return x;
 }
 
+/* The executor's e4m3 values: quantize-dequantize along an axis, with expert segments, in
+ * place, bit-exact with ck_mxfp8_qdq (units cut short at a line's or an expert's end). */
+static void test_mxfp8_qdq(cg_dtype tx, cg_dtype ty, int share) {
+  printf("mxfp8 qdq [%s -> %s]%s:\n", cg_dtype_name(tx), cg_dtype_name(ty), share ? ", 128-shared scales" : "");
+  static const struct {
+    int rank, axis;
+    int64_t dims[3];
+    int counts;
+  } cs[] = {{2, 1, {70, 200}, 0}, {2, 0, {70, 40}, 0}, {2, 0, {70, 40}, 1},
+            {3, 1, {3, 150, 40}, 0}, {3, 2, {3, 48, 264}, 0}, {1, 0, {1000}, 0}};
+  const int32_t counts[4] = {0, 33, 1, 36}; /* sum 70: an empty expert, a one-row one */
+  for (size_t c = 0; c < sizeof cs / sizeof cs[0]; c++) {
+    int64_t n = 1;
+    for (int d = 0; d < cs[c].rank; d++) n *= cs[c].dims[d];
+    float *x = mx_input(1, n, tx), *want = falloc(n), *got = falloc(n);
+    CHECK(ck_mxfp8_qdq(x, want, cs[c].rank, cs[c].dims, cs[c].axis, 32, share, cs[c].counts ? counts : NULL, 4) == CK_OK,
+          "ck_mxfp8_qdq");
+    gpu_ptr dx = up_f(x, n, tx), dy = dmalloc((size_t)n * 4), dc = cs[c].counts ? up_raw(counts, sizeof counts) : 0;
+    RUN(rt_cuda_mxfp8_qdq(K, tx, dx, ty, dy, cs[c].rank, cs[c].dims, cs[c].axis, 32, share, dc, 4));
+    get_f(got, dy, n, ty);
+    char what[96];
+    snprintf(what, sizeof what, "qdq rank %d axis %d%s", cs[c].rank, cs[c].axis, cs[c].counts ? " by expert" : "");
+    cmp(what, got, want, n, ty, -1, 0);
+    if (tx == ty) { /* in place */
+      RUN(rt_cuda_mxfp8_qdq(K, tx, dx, tx, dx, cs[c].rank, cs[c].dims, cs[c].axis, 32, share, dc, 4));
+      get_f(got, dx, n, tx);
+      cmp("  in place", got, want, n, tx, -1, 0);
+    }
+    free(x), free(want), free(got);
+    dfree_all();
+  }
+  expect_flag("mxfp8 qdq", CK_OK);
+}
+
 static void test_mxfp8(cg_dtype t, int block, int share) {
   printf("mxfp8 [%s] block %d%s:\n", cg_dtype_name(t), block, share ? ", 128-shared scales" : "");
   const int64_t rows = 48, cols = 1024, n = rows * cols, nb = n / block;
@@ -688,6 +723,8 @@ int main(void) {
     test_cross_entropy((cg_dtype)t);
     test_mxfp8((cg_dtype)t, 32, 0);
     test_mxfp8((cg_dtype)t, 32, 1);
+    for (int y = 0; y < CG_DT_COUNT; y++)
+      for (int share = 0; share < 2; share++) test_mxfp8_qdq((cg_dtype)t, (cg_dtype)y, share);
   }
   test_router();
   test_optim();
