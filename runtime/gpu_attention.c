@@ -302,6 +302,8 @@ int gpu_attention_bwd(gpu_attention *a, const gpu_attn_dims *d, gpu_ptr q, gpu_p
   return gpu_attention_bwd_gemm(a, d, q, k, v, out, dout, packed, err, errlen);
 }
 
+void gpu_attention_new_run(gpu_attention *a) { gpu_flash_new_run(a->flash); }
+
 int gpu_attention_flash_variant(const gpu_attention *a, int64_t hd, int bwd, char *name, size_t len) {
   return a->flash ? gpu_flash_variant(a->flash, hd, bwd, name, len) : -1;
 }

@@ -41,6 +41,8 @@ const char *gpu_attention_source(void);
 /* 1 when gpu_attention_fwd/bwd take the flash kernels for d and these pointers. */
 int gpu_attention_uses_flash(const gpu_attention *a, const gpu_attn_dims *d, gpu_ptr q, gpu_ptr k, gpu_ptr v,
                              gpu_ptr out);
+/* A run of a graph begins (the flash logsumexp cache then reuses stale buffers first). */
+void gpu_attention_new_run(gpu_attention *a);
 /* The flash kernel in use for head dim hd, forward (bwd 0) or backward; -1 when none. */
 int gpu_attention_flash_variant(const gpu_attention *a, int64_t hd, int bwd, char *name, size_t len);
 /* The GEMM implementation whatever the shape (tests and timing compare against it). */

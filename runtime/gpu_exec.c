@@ -38,6 +38,7 @@ struct gpu_runtime {
     gpu_ptr *free;
     int n, cap;
   } pool[POOL_CLASSES]; /* free buffers of 2^c bytes */
+  size_t pooled;        /* bytes of the free buffers above: held by us, in use by nothing */
   char device[320];
 };
 
@@ -51,6 +52,7 @@ static int pool_get(gpu_runtime *rt, size_t bytes, gpu_ptr *p) {
   int c = pool_class(bytes);
   if (rt->pool[c].n > 0) {
     *p = rt->pool[c].free[--rt->pool[c].n];
+    rt->pooled -= (size_t)1 << c;
     return 0;
   }
   if (gpu_alloc(rt->g, p, (size_t)1 << c, "activations") == 0) return 0;
@@ -59,6 +61,7 @@ static int pool_get(gpu_runtime *rt, size_t bytes, gpu_ptr *p) {
     for (int j = 0; j < rt->pool[i].n; j++) gpu_free(rt->g, rt->pool[i].free[j]);
     rt->pool[i].n = 0;
   }
+  rt->pooled = 0;
   return gpu_alloc(rt->g, p, (size_t)1 << c, "activations");
 }
 
@@ -75,6 +78,7 @@ static void pool_put(gpu_runtime *rt, gpu_ptr p, size_t bytes) {
     rt->pool[c].cap = cap;
   }
   rt->pool[c].free[rt->pool[c].n++] = p;
+  rt->pooled += (size_t)1 << c;
 }
 
 gpu_runtime *gpu_runtime_new(rt_params *ps, const char *dump_dir, char *err, size_t errlen) {
@@ -164,6 +168,7 @@ int gpu_runtime_download(gpu_runtime *rt, rt_params *ps, char *err, size_t errle
 
 const char *gpu_runtime_device(const gpu_runtime *rt) { return rt->device; }
 size_t gpu_runtime_peak_bytes(const gpu_runtime *rt) { return gpu_peak_bytes(rt->g); }
+size_t gpu_runtime_live_bytes(const gpu_runtime *rt) { return gpu_held_bytes(rt->g) - rt->pooled; }
 
 /* ---------------------------------------------------------------- the executor */
 typedef struct {
@@ -1068,6 +1073,7 @@ int gpu_exec_run(gpu_exec *x, const int32_t *tokens, const int32_t *labels, int6
   x->errlen = errlen;
   x->step = step;
   x->gnorm = 0;
+  gpu_attention_new_run(x->rt->attn);
   for (int i = 0; i < g->n_nodes; i++) release(x, &x->val[i]);
   routes_release(x);
   hcounts_release(x);

@@ -28,6 +28,8 @@ int gpu_runtime_upload(gpu_runtime *rt, const rt_params *ps, char *err, size_t e
 const char *gpu_runtime_device(const gpu_runtime *rt);
 /* Most device bytes held at once since start. */
 size_t gpu_runtime_peak_bytes(const gpu_runtime *rt);
+/* Device bytes in use now: held minus the free buffers cached in the pool. */
+size_t gpu_runtime_live_bytes(const gpu_runtime *rt);
 
 gpu_exec *gpu_exec_new(gpu_runtime *rt, const ir_graph *g, char *err, size_t errlen);
 void gpu_exec_free(gpu_exec *x);

@@ -605,6 +605,7 @@ typedef struct {
   gpu_ptr lse; /* f32 (B, nh, Sp): log2 of sum_j 2^(s_j log2(e) / sqrt(hd)), i.e. lse / ln 2 */
   size_t cap;
   uint64_t used; /* 0: free */
+  uint64_t run;  /* the gpu_flash_new_run count when last used: older entries are stale */
 } lse_entry;
 enum { LSE_SLOTS = 64 };
 
@@ -614,7 +615,7 @@ struct gpu_flash {
   void *fwd_fn[N_FWD], *bwd_fn[N_BWD], *pre_fn[2], *dq_fn;
   int fwd_sel[2], bwd_sel[2]; /* the variant in use for hd 64, 128; -1: none fits */
   lse_entry lse[LSE_SLOTS];
-  uint64_t clock;
+  uint64_t clock, run;
   gpu_ptr Dd, dqa, out_scratch;
   size_t cap_Dd, cap_dqa, cap_out;
 };
@@ -709,6 +710,10 @@ void gpu_flash_free(gpu_flash *f) {
   free(f);
 }
 
+void gpu_flash_new_run(gpu_flash *f) {
+  if (f) f->run++;
+}
+
 int gpu_flash_supports(const gpu_flash *f, int64_t hd) {
   const int h = hd_index(hd);
   return f && h >= 0 && f->fwd_sel[h] >= 0 && f->bwd_sel[h] >= 0;
@@ -745,6 +750,7 @@ static lse_entry *lse_find(gpu_flash *f, const shape *s, gpu_ptr q, gpu_ptr k, g
     if (e->used && e->q == q && e->k == k && e->v == v && e->out == out && e->B == s->B && e->seq == s->seq &&
         e->nh == s->nh && e->nkv == s->nkv && e->hd == s->hd && e->causal == s->causal) {
       e->used = ++f->clock;
+      e->run = f->run;
       return e;
     }
   }
@@ -756,10 +762,19 @@ static lse_entry *lse_get(gpu_flash *f, const shape *s, gpu_ptr q, gpu_ptr k, gp
                           char *err, size_t errlen) {
   lse_entry *e = lse_find(f, s, q, k, v, out);
   *fresh = e == NULL;
+  const size_t bytes = (size_t)(s->B * s->nh * padded(s->seq)) * 4;
   if (!e) {
-    e = &f->lse[0];
-    for (int i = 1; i < LSE_SLOTS; i++)
-      if (f->lse[i].used < e->used) e = &f->lse[i];
+    /* a stale entry whose buffer fits first (buffer addresses change from run to run while the
+       pool settles; taking empty slots then would hold ever more memory), else the least used */
+    for (int i = 0; i < LSE_SLOTS; i++) {
+      lse_entry *c = &f->lse[i];
+      if (c->used && c->run != f->run && c->cap >= bytes && (!e || c->used < e->used)) e = c;
+    }
+    if (!e) {
+      e = &f->lse[0];
+      for (int i = 1; i < LSE_SLOTS; i++)
+        if (f->lse[i].used < e->used) e = &f->lse[i];
+    }
     e->q = q;
     e->k = k;
     e->v = v;
@@ -771,8 +786,9 @@ static lse_entry *lse_get(gpu_flash *f, const shape *s, gpu_ptr q, gpu_ptr k, gp
     e->hd = s->hd;
     e->causal = s->causal;
     e->used = ++f->clock;
+    e->run = f->run;
   }
-  if (grow(f, &e->lse, &e->cap, (size_t)(s->B * s->nh * padded(s->seq)) * 4, "attention logsumexp", err, errlen)) {
+  if (grow(f, &e->lse, &e->cap, bytes, "attention logsumexp", err, errlen)) {
     e->used = 0;
     return NULL;
   }

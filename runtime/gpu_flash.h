@@ -81,6 +81,8 @@ typedef struct gpu_flash gpu_flash;
 gpu_flash *gpu_flash_new(gpu_ctx *g, const char *arch, const char *cache_dir, char *err, size_t errlen);
 void gpu_flash_free(gpu_flash *f);
 
+/* A run of a graph begins: cached logsumexps of earlier runs are the first to be replaced. */
+void gpu_flash_new_run(gpu_flash *f);
 /* 1 when f has kernels for head dim hd (64 or 128, and the device's shared memory fits them). */
 int gpu_flash_supports(const gpu_flash *f, int64_t hd);
 /* The kernel in use for hd, forward (bwd 0) or backward: e.g. "fa_fwd_d64_w8_n64_m2". */

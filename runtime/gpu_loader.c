@@ -286,6 +286,7 @@ const gpu_device_info *gpu_info(const gpu_ctx *g) { return &g->info; }
 const char *gpu_error(const gpu_ctx *g) { return g->err; }
 void *gpu_stream(const gpu_ctx *g) { return g->stream; }
 size_t gpu_peak_bytes(const gpu_ctx *g) { return g->peak; }
+size_t gpu_held_bytes(const gpu_ctx *g) { return g->held; }
 
 int gpu_mem_info(gpu_ctx *g, size_t *free_b, size_t *total_b) {
   CALL(g, cu.MemGetInfo(free_b, total_b), "cuMemGetInfo");

@@ -57,6 +57,7 @@ int gpu_mem_info(gpu_ctx *g, size_t *free_bytes, size_t *total_bytes);
 int gpu_alloc(gpu_ctx *g, gpu_ptr *p, size_t bytes, const char *what);
 void gpu_free(gpu_ctx *g, gpu_ptr p);
 size_t gpu_peak_bytes(const gpu_ctx *g); /* most bytes held by gpu_alloc at once */
+size_t gpu_held_bytes(const gpu_ctx *g); /* bytes held by gpu_alloc now */
 /* Formats the out-of-memory message (used by gpu_alloc; public for the memory planner,
  * which checks its predicted peak before allocating anything). */
 void gpu_oom_message(char *buf, size_t len, const char *what, size_t asked, size_t free_bytes,

@@ -411,6 +411,7 @@ static int train_rank(rank_ctx *r) {
           (long long)cfg->steps);
   double t0 = now_s(), loss = NAN, val = NAN;
   int64_t first = ps->step;
+  size_t held_between = 0; /* device bytes in use after a step: weights, moments, bf16 copies, batch */
   rc = 0;
   while (ps->step < end) {
     int64_t s = ps->step + 1;
@@ -424,6 +425,7 @@ static int train_rank(rank_ctx *r) {
     }
     ps->step = s;
     loss = out[0];
+    if (ex.rt && gpu_runtime_live_bytes(ex.rt) > held_between) held_between = gpu_runtime_live_bytes(ex.rt);
     double dt = now_s() - ts, lr = ck_lr_at(s, cfg->steps, cfg->warmup, cfg->lr, cfg->min_lr, cfg->schedule);
     double tps = (double)(T * r->world) / dt, eta = (now_s() - t0) / (double)(s - first) * (double)(end - s);
     if (!isfinite(loss)) {
@@ -476,9 +478,13 @@ static int train_rank(rank_ctx *r) {
     char b[32];
     memplan mp;
     memplan_estimate(step_g, &mp);
-    char pb[32];
-    fprintf(msgf, "peak GPU memory: %s (predicted from liveness: %s)\n", gpu_fmt_bytes(gpu_runtime_peak_bytes(ex.rt), b, sizeof b),
+    char pb[32], hb[32], sb[32];
+    size_t peak = gpu_runtime_peak_bytes(ex.rt);
+    fprintf(msgf, "peak GPU memory: %s (predicted from liveness: %s)\n", gpu_fmt_bytes(peak, b, sizeof b),
             gpu_fmt_bytes((size_t)mp.total, pb, sizeof pb));
+    /* the peer's static_gib and step_gib: what stays between steps, and what a step adds on top */
+    fprintf(msgf, "GPU memory held between steps: %s; step memory (peak - held): %s\n",
+            gpu_fmt_bytes(held_between, hb, sizeof hb), gpu_fmt_bytes(peak - held_between, sb, sizeof sb));
   }
 done:
   if (logf && fclose(logf) != 0) {

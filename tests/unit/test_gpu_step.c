@@ -47,6 +47,7 @@ static int compare(const char *path, const moec_set *sets, int n_sets, int fused
   int32_t *tok = malloc((size_t)T * 4), *lab = malloc((size_t)T * 4);
   int failed = 0;
   double worst_loss = 0, worst_grad = 0;
+  size_t held_after2 = 0, held_after3 = 0;
   for (int64_t s = 1; s <= 20; s++) {
     data_train_batch(d, s - 1, g->cfg.batch, tok, lab);
     float oc[8], og[8];
@@ -56,6 +57,21 @@ static int compare(const char *path, const moec_set *sets, int n_sets, int fused
     if (cpu_exec_run(cx, tok, lab, s, oc, &nc, err, sizeof err) || gpu_exec_run(gx, tok, lab, s, og, &ng, err, sizeof err)) {
       fprintf(stderr, "%s: step %lld: %s\n", path, (long long)s, err);
       return failed + 1;
+    }
+    /* Bytes in use between steps (weights, moments, bf16 copies, caches sized by shape) settle
+       by step 3 and then stay put: a leak, or a cache keyed by buffer address, would not. */
+    size_t held = gpu_runtime_live_bytes(rt);
+    if (s == 2) held_after2 = held;
+    if (s == 3) held_after3 = held;
+    if ((s > 3 && held != held_after3) || (s == 3 && held > held_after2 + held_after2 / 100)) {
+      failed++;
+      fprintf(stderr, "%s: step %lld: %zu bytes in use between steps; %zu after step 2, %zu after step 3\n", path,
+              (long long)s, held, held_after2, held_after3);
+    }
+    if (held < (size_t)rt_params_numel(pg) * 12) { /* the fp32 weights and both moments at least */
+      failed++;
+      fprintf(stderr, "%s: step %lld: %zu bytes in use between steps, fewer than the weights and moments\n", path,
+              (long long)s, held);
     }
     double rel = fabs((double)og[0] - oc[0]) / fabs((double)oc[0]);
     if (rel > worst_loss) worst_loss = rel;
