@@ -7,6 +7,7 @@
 #   profile  genos_1b bf16 naive with MOEC_PROFILE=1 (reuses genos's peer)      [120 s]
 #   fused    genos_1b bf16 and mxfp8 on the fused pipeline (reuses the peer)    [300 s]
 #   og2      og2_8x1b bf16 naive + peer                                         [240 s]
+#   ggemm    bench/grouped_gemm.sh: expert GEMMs bf16 / fp8 vs torch._grouped_mm [150 s]
 # Everything is written to $OUT as it runs (session.log, and the logs of each part under
 # $OUT/logs), so a call cut short still brings back what it did.
 #   here:  scripts/gpu_bundle.sh build --with-moec && cp -r build/gpu-carry .dev/carry &&
@@ -47,7 +48,9 @@ for part in "${parts[@]}"; do
     bench LOGDIR=$L/fused_mx PEER_SKIP=1 PRECISION=mxfp8 MOEC_ARGS=$FUSED_MX timeout 160 bash bench/run_bench.sh genos_1b ;;
   og2)
     bench LOGDIR=$L/og2 timeout 240 bash bench/run_bench.sh og2_8x1b ;;
-  *) echo "unknown part '$part' (kernels step genos profile fused og2)" ;;
+  ggemm)
+    BENCH=$C/bench_grouped_gemm timeout 150 bash bench/grouped_gemm.sh 20 "$L/ggemm" ;;
+  *) echo "unknown part '$part' (kernels step genos profile fused og2 ggemm)" ;;
   esac
 done
 echo "== done ($(date -u +%H:%M:%S))"

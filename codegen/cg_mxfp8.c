@@ -155,6 +155,17 @@ static const char *const src =
     "  }\n"
     "}\n"
     "\n"
+    "// The scales of a 128-shared quantization as an FP8 GEMM's operand wants them (cuBLASLt\n"
+    "// VEC128_32F): scale (rows, K/BLOCK) E8M0 codes, four equal per 128 -> sf (K/128, rows) f32\n"
+    "// 2^(code - 127), rows fastest; code 0xFF -> NaN.\n"
+    "__device__ void mxfp8_scales_vec128(const u8 *scale, float *sf, i64 rows, i64 K) {\n"
+    "  GRID_LOOP(t, rows * (K / 128)) {\n"
+    "    const i64 r = t % rows, kb = t / rows;\n"
+    "    const int code = scale[r * (K / BLOCK) + kb * (128 / BLOCK)];\n"
+    "    sf[t] = code == 0xFF ? f32_qnan() : pow2f(code - 127);\n"
+    "  }\n"
+    "}\n"
+    "\n"
     "// x = e4m3(q) 2^(scale - 127); scale 0xFF gives NaN, an E4M3 NaN code gives NaN with its\n"
     "// sign (the CPU's ldexpf keeps it; a float multiply would not).\n"
     "template <class T> __device__ void mxfp8_dequantize(const u8 *q, const u8 *scale, T *x, i64 n) {\n"
@@ -176,6 +187,9 @@ void cg_emit_mxfp8(cg_buf *b, const cg_variant *v, int emu) {
             v->mx_share128 ? 128 : v->mx_block);
   cg_puts(b, src);
   const char *kv[9];
+  cg_dtype_kv(kv, CG_DT_F32, CG_DT_F32);
+  cg_entry(b, CG_NT_MX, "moec_mxfp8_scales_vec128", "const u8 *scale, float *sf, i64 rows, i64 K",
+           "mxfp8_scales_vec128", kv, emu);
   for (int x = 0; x < CG_DT_COUNT; x++) {
     cg_dtype_kv(kv, (cg_dtype)x, (cg_dtype)x);
     cg_entry(b, CG_NT_MX, "moec_mxfp8_quantize_${x}", "const ${X} *x, u8 *q, u8 *scale, i64 ngroups",

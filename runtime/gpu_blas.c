@@ -57,10 +57,13 @@ const gpu_blas_api *gpu_blas_load(char *err, size_t errlen) {
   return ok ? &api : NULL;
 }
 
-enum { CUDA_R_32F = 0, CUDA_R_16BF = 14 };             /* library_types.h cudaDataType */
+enum { CUDA_R_32F = 0, CUDA_R_16BF = 14, CUDA_R_8F_E4M3 = 28 }; /* library_types.h cudaDataType */
 enum { CUBLAS_COMPUTE_32F = 68 };                      /* cublas_api.h cublasComputeType_t */
 enum { CUBLAS_OP_N = 0, CUBLAS_OP_T = 1 };             /* cublas_api.h cublasOperation_t */
 enum { DESC_TRANSA = 3, DESC_TRANSB = 4 };             /* cublasLtMatmulDescAttributes_t */
+enum { DESC_A_SCALE_POINTER = 17, DESC_B_SCALE_POINTER = 18, DESC_FAST_ACCUM = 25, DESC_A_SCALE_MODE = 31,
+       DESC_B_SCALE_MODE = 32 };
+enum { MATRIX_SCALE_VEC128_32F = 4 };                   /* cublasLtMatmulMatrixScale_t */
 enum { LAYOUT_BATCH_COUNT = 5, LAYOUT_STRIDED_BATCH_OFFSET = 6 }; /* cublasLtMatrixLayoutAttribute_t */
 enum { PREF_MAX_WORKSPACE_BYTES = 1 };                 /* cublasLtMatmulPreferenceAttributes_t */
 
@@ -225,6 +228,29 @@ static algo_entry *cache_slot(gpu_blas *b, const int64_t *key, size_t key_bytes)
   return &b->cache[home];
 }
 
+/* Runs call with the cached algorithm of its class key (12 values), choosing it first when
+ * absent; a cached algorithm that refuses this exact size is replaced once. */
+static int run_cached(gpu_blas *b, const lt_call *call, const int64_t key[12], const int64_t mnk[3], int batch,
+                      const char *what, char *err, size_t errlen) {
+  const size_t kb = 12 * sizeof *key;
+  algo_entry *e = cache_slot(b, key, kb);
+  int st = -1;
+  for (int attempt = 0; attempt < 2 && st != 0; attempt++) {
+    if ((attempt == 1 || !e->used || memcmp(e->key, key, kb) != 0) && pick_algo(b, call, e, key, kb, mnk) != 0) {
+      snprintf(err, errlen, "cuBLASLt has no algorithm for a %s (%lld x %lld x %lld, batch %d)", what,
+               (long long)mnk[0], (long long)mnk[1], (long long)mnk[2], batch);
+      return -1;
+    }
+    st = run_algo(b, call, &e->algo);
+  }
+  if (st != 0) {
+    snprintf(err, errlen, "cublasLtMatmul failed (status %d: %s) on a %s, %lld x %lld x %lld", st,
+             b->api->GetStatusString(st), what, (long long)mnk[0], (long long)mnk[1], (long long)mnk[2]);
+    return -1;
+  }
+  return 0;
+}
+
 int gpu_gemm(gpu_blas *b, int64_t m, int64_t n, int64_t k, float alpha, const gpu_mat *A, const gpu_mat *B,
              float beta, const gpu_mat *C, int batch, char *err, size_t errlen) {
   err[0] = 0;
@@ -253,28 +279,64 @@ int gpu_gemm(gpu_blas *b, int64_t m, int64_t n, int64_t k, float alpha, const gp
    * another size of its class, the exact size is queried and the call retried (below). */
   int64_t key[12] = {pow2_at_least(m), n,     pow2_at_least(k), A->dtype, C->dtype, A->trans,
                      B->trans,         A->ld, B->ld,            C->ld,    batch,    beta != 0};
-  algo_entry *e = cache_slot(b, key, sizeof key);
   lt_call call = {desc, la, lb, lc, (const void *)(uintptr_t)B->p, (const void *)(uintptr_t)A->p,
                   (void *)(uintptr_t)C->p, alpha, beta};
   const int64_t mnk[3] = {m, n, k};
-  int st = -1;
-  for (int attempt = 0; attempt < 2 && st != 0; attempt++) {
-    if ((attempt == 1 || !e->used || memcmp(e->key, key, sizeof key) != 0) &&
-        pick_algo(b, &call, e, key, sizeof key, mnk) != 0) {
-      snprintf(err, errlen, "cuBLASLt has no algorithm for a %s GEMM (%lld x %lld x %lld, batch %d)",
-               cg_dtype_name(A->dtype), (long long)m, (long long)n, (long long)k, batch);
-      goto done;
-    }
-    st = run_algo(b, &call, &e->algo);
-  }
-  if (st != 0) {
-    snprintf(err, errlen, "cublasLtMatmul failed (status %d) on %lld x %lld x %lld", st, (long long)m, (long long)n,
-             (long long)k);
-    goto done;
-  }
+  char what[64];
+  snprintf(what, sizeof what, "%s GEMM", cg_dtype_name(A->dtype));
+  if (run_cached(b, &call, key, mnk, batch, what, err, errlen) != 0) goto done;
   rc = 0;
 done:
   if (rc != 0 && err[0] == 0) snprintf(err, errlen, "cuBLASLt setup failed");
+  if (la) b->api->MatrixLayoutDestroy(la);
+  if (lb) b->api->MatrixLayoutDestroy(lb);
+  if (lc) b->api->MatrixLayoutDestroy(lc);
+  if (desc) b->api->MatmulDescDestroy(desc);
+  return rc;
+}
+
+int gpu_gemm_fp8(gpu_blas *b, int64_t m, int64_t n, int64_t k, gpu_ptr A, gpu_ptr sa, gpu_ptr B, gpu_ptr sb,
+                 const gpu_mat *C, char *err, size_t errlen) {
+  err[0] = 0;
+  if (m == 0 || n == 0) return 0;
+  if (k % 128 != 0 || m % 16 != 0 || n % 16 != 0 || C->trans || C->stride) {
+    snprintf(err, errlen, "fp8 gemm: %lld x %lld x %lld: k must be a multiple of 128 and m, n of 16 (C plain)",
+             (long long)m, (long long)n, (long long)k);
+    return -1;
+  }
+  /* Row-major C (m, n) = A B^T is column-major C^T (n, m) = B'^T A' with B' = B^T (k, n) and
+   * A' = A^T (k, m) column-major, ld k: cuBLASLt's "TN", the one FP8 layout Hopper runs. Its
+   * first operand is our B, so its A scales are sb. */
+  int opa = CUBLAS_OP_T, opb = CUBLAS_OP_N, mode = MATRIX_SCALE_VEC128_32F;
+  int8_t fast = 0; /* block scaling promotes every 128 of k; fast accumulation is refused */
+  void *desc = NULL, *la = NULL, *lb = NULL, *lc = NULL;
+  int rc = -1;
+  const void *psa = (const void *)(uintptr_t)sb, *psb = (const void *)(uintptr_t)sa;
+  if (b->api->MatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F) != 0) goto done;
+  if (b->api->MatmulDescSetAttribute(desc, DESC_TRANSA, &opa, sizeof opa) ||
+      b->api->MatmulDescSetAttribute(desc, DESC_TRANSB, &opb, sizeof opb) ||
+      b->api->MatmulDescSetAttribute(desc, DESC_FAST_ACCUM, &fast, sizeof fast) ||
+      b->api->MatmulDescSetAttribute(desc, DESC_A_SCALE_MODE, &mode, sizeof mode) ||
+      b->api->MatmulDescSetAttribute(desc, DESC_B_SCALE_MODE, &mode, sizeof mode) ||
+      b->api->MatmulDescSetAttribute(desc, DESC_A_SCALE_POINTER, &psa, sizeof psa) ||
+      b->api->MatmulDescSetAttribute(desc, DESC_B_SCALE_POINTER, &psb, sizeof psb)) {
+    snprintf(err, errlen, "fp8 gemm: this cuBLASLt takes no 1x128 block scales (cuBLAS 12.9 or newer, Hopper)");
+    goto done;
+  }
+  if (b->api->MatrixLayoutCreate(&la, CUDA_R_8F_E4M3, (uint64_t)k, (uint64_t)n, k) != 0 ||
+      b->api->MatrixLayoutCreate(&lb, CUDA_R_8F_E4M3, (uint64_t)k, (uint64_t)m, k) != 0 ||
+      !(lc = layout(b, C->dtype, n, m, C->ld, 1, 0)))
+    goto done;
+  {
+    int64_t key[12] = {pow2_at_least(m), n, k, 1000 /* fp8 */, C->dtype, 0, 1, k, k, C->ld, 1, 0};
+    lt_call call = {desc, la, lb, lc, (const void *)(uintptr_t)B, (const void *)(uintptr_t)A, (void *)(uintptr_t)C->p,
+                    1.0f, 0.0f};
+    const int64_t mnk[3] = {m, n, k};
+    if (run_cached(b, &call, key, mnk, 1, "fp8 GEMM with 1x128 block scales", err, errlen) != 0) goto done;
+  }
+  rc = 0;
+done:
+  if (rc != 0 && err[0] == 0) snprintf(err, errlen, "cuBLASLt setup failed (fp8 gemm)");
   if (la) b->api->MatrixLayoutDestroy(la);
   if (lb) b->api->MatrixLayoutDestroy(lb);
   if (lc) b->api->MatrixLayoutDestroy(lc);

@@ -67,6 +67,12 @@ typedef struct {
  * share a dtype (bf16 or f32); C is f32 or A's dtype. 0, or -1 with a message in err. */
 int gpu_gemm(gpu_blas *b, int64_t m, int64_t n, int64_t k, float alpha, const gpu_mat *A, const gpu_mat *B,
              float beta, const gpu_mat *C, int batch, char *err, size_t errlen);
+/* FP8 with one f32 scale per 128 of k (cuBLASLt VEC128_32F, Hopper and newer): C (m, n),
+ * bf16 or f32 row-major = A (m, k) . B (n, k)^T, A and B E4M3 row-major (k-major, as
+ * rt_cuda_mxfp8_quantize writes them), sa (k/128, m) and sb (k/128, n) f32 with m and n
+ * fastest (rt_cuda_mxfp8_scales_vec128). k a multiple of 128, m and n of 16. */
+int gpu_gemm_fp8(gpu_blas *b, int64_t m, int64_t n, int64_t k, gpu_ptr A, gpu_ptr sa, gpu_ptr B, gpu_ptr sb,
+                 const gpu_mat *C, char *err, size_t errlen);
 /* Heuristic queries so far: each shape class costs one (tests check that a step's shapes
  * stay cached; MOEC_GEMM_TUNE times the candidates of each query, MOEC_GEMM_LOG=1 prints them). */
 long gpu_blas_queries(const gpu_blas *b);

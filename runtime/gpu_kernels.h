@@ -212,6 +212,9 @@ int rt_cuda_mxfp8_quantize_cols(rt_cuda *k, cg_dtype t, gpu_ptr x /* (rows, cols
                                 int64_t block, int share128, gpu_ptr qt, gpu_ptr scale_t);
 int rt_cuda_mxfp8_dequantize(rt_cuda *k, cg_dtype t, gpu_ptr q, gpu_ptr scale, int64_t rows, int64_t cols,
                              int64_t block, gpu_ptr x /* (rows, cols) */);
+/* The scales of a 128-shared quantization (rows, K/block) E8M0 as an FP8 GEMM operand's
+ * (gpu_gemm_fp8): sf (K/128, rows) f32 powers of two, rows fastest. */
+int rt_cuda_mxfp8_scales_vec128(rt_cuda *k, gpu_ptr scale, int64_t rows, int64_t K, int64_t block, gpu_ptr sf);
 /* ck_mxfp8_qdq: y (dims, in ty; may be x) = the exact values of x quantized to MXFP8 along
  * `axis` of dims (rank 1..4), blocks restarting at each expert's first row when counts (i32
  * (E) on the device, axis 0 only) is not 0. */

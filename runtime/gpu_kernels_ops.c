@@ -461,3 +461,11 @@ int rt_cuda_mxfp8_dequantize(rt_cuda *k, cg_dtype t, gpu_ptr q, gpu_ptr scale, i
   KN("mxfp8_dequantize", 1, t);
   return rtk_launch(k, CG_FAM_MXFP8, &v, name, rtk_blocks(n, CG_NT_MX), 1, CG_NT_MX, ARGS(&q, &scale, &x, &n));
 }
+
+int rt_cuda_mxfp8_scales_vec128(rt_cuda *k, gpu_ptr scale, int64_t rows, int64_t K, int64_t block, gpu_ptr sf) {
+  if (mx_check(k, "mxfp8_scales_vec128", K, block, 1)) return -1;
+  const cg_variant v = {(int)block, 1};
+  int64_t n = rows * (K / 128);
+  return rtk_launch(k, CG_FAM_MXFP8, &v, "moec_mxfp8_scales_vec128", rtk_blocks(n, CG_NT_MX), 1, CG_NT_MX,
+                    ARGS(&scale, &sf, &rows, &K));
+}

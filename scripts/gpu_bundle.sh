@@ -20,7 +20,7 @@ for a in "$@"; do
   esac
 done
 build=$(cd "$build" 2>/dev/null && pwd) || { echo "gpu_bundle: no build folder '$build' (build first)" >&2; exit 1; }
-bins=("$build"/test_gpu_*)
+bins=("$build"/test_gpu_* "$build"/bench_*)
 [ "$with_moec" = 1 ] && bins+=("$build/moec")
 for b in "${bins[@]}"; do [ -x "$b" ] || { echo "gpu_bundle: $b is missing (build first)" >&2; exit 1; }; done
 carry=$build/gpu-carry

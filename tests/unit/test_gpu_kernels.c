@@ -685,6 +685,74 @@ static void test_mxfp8(cg_dtype t, int block, int share) {
   dfree_all();
 }
 
+/* FP8 GEMM with 1x128 block scales (cuBLASLt VEC128_32F) on operands from the 128-shared
+ * quantize: against the exact product of the values the quantization holds (ck_mxfp8_qdq),
+ * in double. Every 128-block of a row gets its own binade, so a scale read from the wrong
+ * place shows. Tolerance: Hopper's FP8 MMA accumulates 128 products in reduced precision
+ * before the fp32 promotion; 2^-10 of the largest |C| bounds it here (bf16 C: one rounding more). */
+static void test_gemm_fp8(void) {
+  printf("fp8 gemm, 1x128 block scales (cuBLASLt):\n");
+  char err[512];
+  gpu_blas *bl = gpu_blas_new(G, err, sizeof err);
+  if (!bl) {
+    printf("  SKIP: %s\n", err);
+    return;
+  }
+  static const int64_t shapes[][3] = {{96, 64, 384}, {256, 144, 512}};
+  for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+    const int64_t m = shapes[s][0], n = shapes[s][1], k = shapes[s][2];
+    float *x = falloc(m * k), *w = falloc(n * k), *xd = falloc(m * k), *wd = falloc(n * k), *want = falloc(m * n),
+          *got = falloc(m * n);
+    float *ops[2] = {x, w};
+    const int64_t rows[2] = {m, n};
+    for (int o = 0; o < 2; o++)
+      for (int64_t r = 0; r < rows[o]; r++)
+        for (int64_t b = 0; b < k / 128; b++) {
+          int ex = (int)rng_int(17) - 8;
+          for (int64_t i = 0; i < 128; i++) ops[o][r * k + b * 128 + i] = ldexpf(rng_float(-1.0f, 1.0f), ex);
+        }
+    ck_round_bf16(x, m * k), ck_round_bf16(w, n * k);
+    const int64_t dx[2] = {m, k}, dw[2] = {n, k};
+    CHECK(ck_mxfp8_qdq(x, xd, 2, dx, 1, 32, 1, NULL, 0) == CK_OK && ck_mxfp8_qdq(w, wd, 2, dw, 1, 32, 1, NULL, 0) == CK_OK,
+          "ck_mxfp8_qdq");
+    for (int64_t i = 0; i < m; i++)
+      for (int64_t j = 0; j < n; j++) {
+        double acc = 0;
+        for (int64_t l = 0; l < k; l++) acc += (double)xd[i * k + l] * wd[j * k + l];
+        want[i * n + j] = (float)acc;
+      }
+    gpu_ptr gx = up_f(x, m * k, CG_DT_BF16), gw = up_f(w, n * k, CG_DT_BF16);
+    gpu_ptr qx = dmalloc((size_t)(m * k)), qw = dmalloc((size_t)(n * k)), sx = dmalloc((size_t)(m * k / 32)),
+            sw = dmalloc((size_t)(n * k / 32)), fx = dmalloc((size_t)(m * k / 128) * 4), fw = dmalloc((size_t)(n * k / 128) * 4);
+    RUN(rt_cuda_mxfp8_quantize(K, CG_DT_BF16, gx, m, k, 32, 1, qx, sx));
+    RUN(rt_cuda_mxfp8_quantize(K, CG_DT_BF16, gw, n, k, 32, 1, qw, sw));
+    RUN(rt_cuda_mxfp8_scales_vec128(K, sx, m, k, 32, fx));
+    RUN(rt_cuda_mxfp8_scales_vec128(K, sw, n, k, 32, fw));
+    for (int ct = 0; ct < CG_DT_COUNT; ct++) {
+      gpu_mat C = {(cg_dtype)ct, dmalloc((size_t)(m * n) * 4), n, 0, 0};
+      if (gpu_gemm_fp8(bl, m, n, k, qx, fx, qw, fw, &C, err, sizeof err) != 0) {
+        CHECK(0, "gpu_gemm_fp8 %lld x %lld x %lld: %s", (long long)m, (long long)n, (long long)k, err);
+        continue;
+      }
+      get_f(got, C.p, m * n, (cg_dtype)ct);
+      double worst = 0, mx = maxabs(want, m * n);
+      for (int64_t i = 0; i < m * n; i++) worst = fmax(worst, fabs((double)got[i] - want[i]));
+      char what[96];
+      snprintf(what, sizeof what, "fp8 gemm %lldx%lldx%lld -> %s (max err %.2g of %.2g)", (long long)m, (long long)n,
+               (long long)k, cg_dtype_name((cg_dtype)ct), worst, mx);
+      cmp(what, got, want, m * n, (cg_dtype)ct, 0, 0x1p-10 * mx);
+    }
+    expect_flag("fp8 gemm", CK_OK);
+    free(x), free(w), free(xd), free(wd), free(want), free(got);
+    dfree_all();
+  }
+  char e2[512];
+  gpu_mat C = {CG_DT_F32, 0, 64, 0, 0};
+  CHECK(gpu_gemm_fp8(bl, 64, 64, 100, 0, 0, 0, 0, &C, e2, sizeof e2) != 0 && strstr(e2, "multiple of 128"),
+        "fp8 gemm accepted k = 100: %s", e2);
+  gpu_blas_free(bl);
+}
+
 static void test_oom(void) {
   gpu_ptr p = 0;
   int rc = gpu_alloc(G, &p, (size_t)1 << 50, "a 1 PiB test buffer");
@@ -729,6 +797,7 @@ int main(void) {
   test_router();
   test_optim();
   test_gemm();
+  test_gemm_fp8();
   test_oom();
   rt_cuda_free(K);
   printf("peak GPU memory held by the test: %s\n", gpu_fmt_bytes(gpu_peak_bytes(G), mem, sizeof mem));

@@ -1,0 +1,144 @@
+/* bench_grouped_gemm.c -- the expert GEMMs of genos_1b and og2_8x1b on one GPU, as the
+ * executor runs them today (cuBLASLt, one call per expert): bf16, and FP8 E4M3 with 1x128
+ * block scales (gpu_gemm_fp8, the 128-shared MXFP8 operands), for the forward (xs . W),
+ * dgrad (dy . W^T) and wgrad (xs^T . dy, k = the expert's rows, padded to 128 for FP8), of
+ * the gate_up (K = hidden, N = 2 ffn) and down (K = ffn, N = hidden) weights; 8 experts and
+ * 16,384 routed rows (seq 8192, top 2), balanced and skewed (one expert gets no rows).
+ * Prints one JSON line per case: GEMM time only (operands already quantized; the quantize
+ * kernels are timed on their own in the "quantize" lines). TFLOP/s = 2 sum_e m_e K N / time.
+ * bench/grouped_gemm.sh runs it next to torch._grouped_mm and prints the ratios.
+ *   build/bench_grouped_gemm [REPS]          (skips, exit 0, without a GPU) */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "runtime/gpu_blas.h"
+#include "runtime/gpu_kernels.h"
+#include "runtime/gpu_loader.h"
+
+enum { E = 8, S = 16384 };
+
+static const struct {
+  const char *name;
+  int64_t hidden, ffn;
+} models[] = {{"genos_1b", 1024, 4096}, {"og2_8x1b", 2048, 4096}};
+
+static const int64_t routings[2][E] = {
+    {2048, 2048, 2048, 2048, 2048, 2048, 2048, 2048},
+    {5000, 3000, 2504, 2000, 1896, 1184, 800, 0}, /* multiples of 8 (torch._grouped_mm's wgrad needs them) */
+};
+
+static gpu_ctx *G;
+static gpu_blas *BL;
+static rt_cuda *KR;
+static char err[1024];
+
+static void die(const char *what) {
+  fprintf(stderr, "bench_grouped_gemm: %s: %s\n", what, err[0] ? err : gpu_error(G));
+  exit(1);
+}
+
+static gpu_ptr dalloc(size_t bytes) {
+  gpu_ptr p = 0;
+  if (gpu_alloc(G, &p, bytes, "a benchmark buffer") != 0) die("alloc");
+  return p;
+}
+
+/* One pass over all experts; dt: 0 bf16, 1 fp8. kind: 0 fwd (m_e, N, K), 1 dgrad (m_e, K, N),
+ * 2 wgrad (K, N, m_e). Buffers are big enough for any expert; offsets follow the routing. */
+typedef struct {
+  gpu_ptr a, b, c, sa, sb;
+} bufs;
+
+static void pass(const bufs *u, int dt, int kind, const int64_t *cnt, int64_t K, int64_t N) {
+  int64_t off = 0;
+  for (int e = 0; e < E; e++) {
+    int64_t me = cnt[e];
+    if (me == 0) continue;
+    int64_t m = kind == 2 ? K : me, n = kind == 0 ? N : kind == 1 ? K : N, k = kind == 0 ? K : kind == 1 ? N : me;
+    if (dt == 1) {
+      if (kind == 2) k = (me + 127) / 128 * 128; /* token blocks restart per expert, zero-padded */
+      int64_t a_off = kind == 2 ? off * K : off * k;    /* bytes into the packed operands */
+      gpu_mat C = {CG_DT_BF16, u->c + (gpu_ptr)(kind == 2 ? e * K * N * 2 : off * n * 2), n, 0, 0};
+      if (gpu_gemm_fp8(BL, m, n, k, u->a + (gpu_ptr)a_off, u->sa + (gpu_ptr)(off * (k / 128) * 4), u->b, u->sb, &C, err,
+                       sizeof err) != 0)
+        die("fp8 gemm");
+    } else {
+      /* bf16, row-major: fwd xs (me, K) . W (K, N); dgrad dy (me, N) . W^T; wgrad xs^T (K, me) . dy (me, N) */
+      gpu_mat A = {CG_DT_BF16, u->a + (gpu_ptr)(off * (kind == 1 ? N : K) * 2), kind == 1 ? N : K, 0, kind == 2};
+      gpu_mat B = {CG_DT_BF16, kind == 2 ? u->b + (gpu_ptr)(off * N * 2) : u->b, N, 0, kind == 1};
+      gpu_mat C = {CG_DT_BF16, u->c + (gpu_ptr)(kind == 2 ? e * K * N * 2 : off * n * 2), n, 0, 0};
+      if (gpu_gemm(BL, m, n, k, 1.0f, &A, &B, 0.0f, &C, 1, err, sizeof err) != 0) die("bf16 gemm");
+    }
+    off += me;
+  }
+}
+
+static double time_ms(const bufs *u, int dt, int kind, const int64_t *cnt, int64_t K, int64_t N, int reps) {
+  void *e0, *e1;
+  if (gpu_event_new(G, &e0) || gpu_event_new(G, &e1)) die("event");
+  for (int r = 0; r < 3; r++) pass(u, dt, kind, cnt, K, N); /* tuning and warm-up */
+  gpu_event_record(G, e0);
+  for (int r = 0; r < reps; r++) pass(u, dt, kind, cnt, K, N);
+  gpu_event_record(G, e1);
+  float ms = 0;
+  if (gpu_event_elapsed(G, e0, e1, &ms) != 0) die("timing");
+  gpu_event_free(G, e0);
+  gpu_event_free(G, e1);
+  return ms / reps;
+}
+
+int main(int argc, char **argv) {
+  int reps = argc > 1 ? atoi(argv[1]) : 20, ndev = 0;
+  if (gpu_driver_load(err, sizeof err) != 0 || gpu_device_count(&ndev, err, sizeof err) != 0 || ndev == 0) {
+    printf("SKIP: no CUDA driver/GPU (%s)\n", err[0] ? err : "the driver sees no GPU");
+    return 0;
+  }
+  if (!(G = gpu_open(0, err, sizeof err))) die("open");
+  rt_cuda_opts o = {.cache_dir = getenv("MOEC_CACHE") ? getenv("MOEC_CACHE") : ""};
+  if (!(KR = rt_cuda_new(G, &o, err, sizeof err))) die("kernels");
+  if (!(BL = gpu_blas_new(G, err, sizeof err))) die("cuBLASLt");
+  const int64_t maxk = 8192, maxn = 8192;
+  bufs u = {dalloc((size_t)(S + E * 128) * maxk * 2), dalloc((size_t)(S + E * 128) * maxn * 2),
+            dalloc((size_t)E * maxk * maxn * 2 > (size_t)S * maxn * 2 ? (size_t)E * maxk * maxn * 2 : (size_t)S * maxn * 2),
+            dalloc((size_t)(S + E * 128) * maxk / 128 * 4 * 4), dalloc((size_t)(S + E * 128) * maxn / 128 * 4 * 4)};
+  /* operands: small random-ish bytes are enough for timing (E4M3 0x30 = 0.5, bf16 0x3f00 = 0.5); scales 1 */
+  if (gpu_memset32(G, u.a, 0x3f003f00u, (S + E * 128) * maxk / 2) || gpu_memset32(G, u.b, 0x3f003f00u, (S + E * 128) * maxn / 2) ||
+      gpu_memset32(G, u.sa, 0x3f800000u, (S + E * 128) * maxk / 128 * 4) ||
+      gpu_memset32(G, u.sb, 0x3f800000u, (S + E * 128) * maxn / 128 * 4))
+    die("fill");
+  static const char *const kinds[3] = {"fwd", "dgrad", "wgrad"}, *const dts[2] = {"bf16", "fp8"};
+  for (size_t mi = 0; mi < sizeof models / sizeof models[0]; mi++)
+    for (int w = 0; w < 2; w++) { /* gate_up, down */
+      int64_t K = w == 0 ? models[mi].hidden : models[mi].ffn, N = w == 0 ? 2 * models[mi].ffn : models[mi].hidden;
+      for (int r = 0; r < 2; r++)
+        for (int kind = 0; kind < 3; kind++)
+          for (int dt = 0; dt < 2; dt++) {
+            double ms = time_ms(&u, dt, kind, routings[r], K, N, reps);
+            printf("{\"model\":\"%s\",\"weight\":\"%s\",\"K\":%lld,\"N\":%lld,\"routing\":\"%s\",\"pass\":\"%s\","
+                   "\"dtype\":\"%s\",\"ms\":%.4f,\"tflops\":%.1f}\n",
+                   models[mi].name, w == 0 ? "gate_up" : "down", (long long)K, (long long)N, r ? "skewed" : "balanced",
+                   kinds[kind], dts[dt], ms, 2.0 * S * K * N / (ms * 1e9));
+          }
+    }
+  /* the 128-shared quantize of one forward operand (S, K) bf16 -> e4m3 + scales, + the f32 scales */
+  for (size_t mi = 0; mi < sizeof models / sizeof models[0]; mi++) {
+    int64_t K = models[mi].hidden;
+    void *e0, *e1;
+    gpu_event_new(G, &e0), gpu_event_new(G, &e1);
+    gpu_event_record(G, e0);
+    for (int i = 0; i < reps; i++)
+      if (rt_cuda_mxfp8_quantize(KR, CG_DT_BF16, u.b, S, K, 32, 1, u.a, u.c) ||
+          rt_cuda_mxfp8_scales_vec128(KR, u.c, S, K, 32, u.sa))
+        die(rt_cuda_error(KR));
+    gpu_event_record(G, e1);
+    float ms = 0;
+    if (gpu_event_elapsed(G, e0, e1, &ms) != 0) die("timing");
+    printf("{\"model\":\"%s\",\"quantize\":\"(%d, %lld) bf16\",\"ms\":%.4f,\"GB_per_s\":%.0f}\n", models[mi].name, S,
+           (long long)K, ms / reps, (double)S * K * (2 + 1 + 1.0 / 32) / (ms / reps * 1e6));
+  }
+  gpu_blas_free(BL);
+  rt_cuda_free(KR);
+  gpu_close(G);
+  return 0;
+}
