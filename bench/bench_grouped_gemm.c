@@ -129,7 +129,7 @@ int main(int argc, char **argv) {
     gpu_event_record(G, e0);
     for (int i = 0; i < reps; i++)
       if (rt_cuda_mxfp8_quantize(KR, CG_DT_BF16, u.b, S, K, 32, 1, u.a, u.c) ||
-          rt_cuda_mxfp8_scales_vec128(KR, u.c, S, K, 32, u.sa))
+          rt_cuda_mxfp8_scales_vec128(KR, u.c, S, K, 32, 0, 0, 0, u.sa))
         die(rt_cuda_error(KR));
     gpu_event_record(G, e1);
     float ms = 0;

@@ -155,14 +155,62 @@ static const char *const src =
     "  }\n"
     "}\n"
     "\n"
-    "// The scales of a 128-shared quantization as an FP8 GEMM's operand wants them (cuBLASLt\n"
-    "// VEC128_32F): scale (rows, K/BLOCK) E8M0 codes, four equal per 128 -> sf (K/128, rows) f32\n"
-    "// 2^(code - 127), rows fastest; code 0xFF -> NaN.\n"
-    "__device__ void mxfp8_scales_vec128(const u8 *scale, float *sf, i64 rows, i64 K) {\n"
+    "// FP8 GEMM operands (cuBLASLt VEC128_32F: one f32 scale per 128 of K, one GEMM per expert).\n"
+    "// Segment e's scales start at a multiple of 4 floats (16 bytes): fp8_scale_floats.\n"
+    "__device__ __forceinline__ i64 fp8_scale_floats(i64 m, i64 K) { return (m * (K / 128) + 3) / 4 * 4; }\n"
+    "__device__ __forceinline__ float scale_f32(int code) { return code == 0xFF ? f32_qnan() : pow2f(code - 127); }\n"
+    "\n"
+    "// scale (rows, K/BLOCK) E8M0 codes of a 128-shared quantization (four equal per 128) -> f32\n"
+    "// per segment: rows cut by counts (E, on the device), else into segments of seg_rows; segment\n"
+    "// e (rows [start, start + m)) gets (K/128, m), its rows fastest, at its padded offset.\n"
+    "__device__ void mxfp8_scales_vec128(const u8 *scale, float *sf, i64 rows, i64 K, const int *counts, i64 E,\n"
+    "                                    i64 seg_rows) {\n"
     "  GRID_LOOP(t, rows * (K / 128)) {\n"
     "    const i64 r = t % rows, kb = t / rows;\n"
-    "    const int code = scale[r * (K / BLOCK) + kb * (128 / BLOCK)];\n"
-    "    sf[t] = code == 0xFF ? f32_qnan() : pow2f(code - 127);\n"
+    "    i64 start = 0, m = rows, so = 0;\n"
+    "    if (counts) {\n"
+    "      for (i64 e = 0; e < E; e++) {\n"
+    "        m = counts[e];\n"
+    "        if (r < start + m) break;\n"
+    "        start += m;\n"
+    "        so += fp8_scale_floats(m, K);\n"
+    "      }\n"
+    "    } else if (seg_rows > 0) {\n"
+    "      const i64 e = r / seg_rows;\n"
+    "      start = e * seg_rows, m = seg_rows, so = e * fp8_scale_floats(seg_rows, K);\n"
+    "    }\n"
+    "    sf[so + kb * m + (r - start)] = scale_f32(scale[r * (K / BLOCK) + kb * (128 / BLOCK)]);\n"
+    "  }\n"
+    "}\n"
+    "\n"
+    "// The weight-gradient operand: x (S, C), rows split by counts (E); expert e's rows transposed\n"
+    "// and zero-padded to P_e = 128 ceil(m_e / 128): qt_e (C, P_e) E4M3 at qt + C Poff_e, scales\n"
+    "// (P_e / 128, C) f32 at sf + C Poff_e / 128 (Poff_e: the P of the experts before e). Blocks of\n"
+    "// 128 rows restart at each expert (the last one scaled from its own rows, as ck_mxfp8_qdq).\n"
+    "// One thread per (block, column), adjacent threads adjacent columns; units >= sum_e P_e/128.\n"
+    "template <class T>\n"
+    "__device__ void mxfp8_quantize_cols_experts(const T *x, u8 *qt, float *sf, i64 C, const int *counts, i64 E, i64 units) {\n"
+    "  GRID_LOOP(t, C * units) {\n"
+    "    const i64 c = t % C;\n"
+    "    i64 uu = t / C, start = 0, poff = 0, m = -1;\n"
+    "    for (i64 e = 0; e < E; e++) {\n"
+    "      const i64 ne = counts[e], nu = (ne + 127) / 128;\n"
+    "      if (uu < nu) {\n"
+    "        m = ne;\n"
+    "        break;\n"
+    "      }\n"
+    "      uu -= nu, start += ne, poff += nu * 128;\n"
+    "    }\n"
+    "    if (m < 0) continue;\n"
+    "    const i64 P = (m + 127) / 128 * 128, r0 = start + uu * 128, n = m - uu * 128 < 128 ? m - uu * 128 : 128;\n"
+    "    float amax = 0.0f;\n"
+    "    for (i64 j = 0; j < n; j++) amax = fmaxf(amax, amax_key(ld(x + (r0 + j) * C + c)));\n"
+    "    const int code = amax == f32_inf() ? 0xFF : e8m0_for_amax(amax);\n"
+    "    const float mul = code == 0xFF ? 0.0f : pow2f(127 - code);\n"
+    "    u8 *q = qt + C * poff + c * P + uu * 128;\n"
+    "    for (i64 j = 0; j < 128; j++)\n"
+    "      q[j] = j >= n ? (u8)0 : code == 0xFF ? (u8)0x7F : e4m3_encode(ld(x + (r0 + j) * C + c) * mul);\n"
+    "    sf[C * poff / 128 + uu * C + c] = scale_f32(code);\n"
     "  }\n"
     "}\n"
     "\n"
@@ -188,14 +236,18 @@ void cg_emit_mxfp8(cg_buf *b, const cg_variant *v, int emu) {
   cg_puts(b, src);
   const char *kv[9];
   cg_dtype_kv(kv, CG_DT_F32, CG_DT_F32);
-  cg_entry(b, CG_NT_MX, "moec_mxfp8_scales_vec128", "const u8 *scale, float *sf, i64 rows, i64 K",
-           "mxfp8_scales_vec128", kv, emu);
+  cg_entry(b, CG_NT_MX, "moec_mxfp8_scales_vec128",
+           "const u8 *scale, float *sf, i64 rows, i64 K, const int *counts, i64 E, i64 seg_rows", "mxfp8_scales_vec128",
+           kv, emu);
   for (int x = 0; x < CG_DT_COUNT; x++) {
     cg_dtype_kv(kv, (cg_dtype)x, (cg_dtype)x);
     cg_entry(b, CG_NT_MX, "moec_mxfp8_quantize_${x}", "const ${X} *x, u8 *q, u8 *scale, i64 ngroups",
              "mxfp8_quantize<${X}>", kv, emu);
     cg_entry(b, CG_NT_MX, "moec_mxfp8_quantize_cols_${x}", "const ${X} *x, u8 *qt, u8 *scale_t, i64 rows, i64 cols",
              "mxfp8_quantize_cols<${X}>", kv, emu);
+    cg_entry(b, CG_NT_MX, "moec_mxfp8_quantize_cols_experts_${x}",
+             "const ${X} *x, u8 *qt, float *sf, i64 C, const int *counts, i64 E, i64 units",
+             "mxfp8_quantize_cols_experts<${X}>", kv, emu);
     cg_entry(b, CG_NT_MX, "moec_mxfp8_dequantize_${x}", "const u8 *q, const u8 *scale, ${X} *x, i64 n",
              "mxfp8_dequantize<${X}>", kv, emu);
     for (int y = 0; y < CG_DT_COUNT; y++) {

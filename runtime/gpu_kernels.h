@@ -212,9 +212,20 @@ int rt_cuda_mxfp8_quantize_cols(rt_cuda *k, cg_dtype t, gpu_ptr x /* (rows, cols
                                 int64_t block, int share128, gpu_ptr qt, gpu_ptr scale_t);
 int rt_cuda_mxfp8_dequantize(rt_cuda *k, cg_dtype t, gpu_ptr q, gpu_ptr scale, int64_t rows, int64_t cols,
                              int64_t block, gpu_ptr x /* (rows, cols) */);
-/* The scales of a 128-shared quantization (rows, K/block) E8M0 as an FP8 GEMM operand's
- * (gpu_gemm_fp8): sf (K/128, rows) f32 powers of two, rows fastest. */
-int rt_cuda_mxfp8_scales_vec128(rt_cuda *k, gpu_ptr scale, int64_t rows, int64_t K, int64_t block, gpu_ptr sf);
+/* FP8 GEMM operands (gpu_gemm_fp8, one GEMM per expert, one f32 scale per 128 of K). A
+ * segment of m rows has m K/128 scales; segments start at multiples of 4 floats (16 bytes). */
+static inline int64_t fp8_scale_floats(int64_t m, int64_t K) { return (m * (K / 128) + 3) / 4 * 4; }
+/* scale (rows, K/block) E8M0 of a 128-shared quantization -> sf: for each segment of rows
+ * (counts (E) on the device, or E = rows / seg_rows segments of seg_rows, or one), its
+ * (K/128, m) f32 powers of two, rows fastest, at the sum of fp8_scale_floats before it. */
+int rt_cuda_mxfp8_scales_vec128(rt_cuda *k, gpu_ptr scale, int64_t rows, int64_t K, int64_t block, gpu_ptr counts,
+                                int64_t E, int64_t seg_rows, gpu_ptr sf);
+/* The weight gradient's operand: x (S, C) rows split by counts (E, on the device); expert e's
+ * rows transposed, zero-padded to P_e = 128 ceil(m_e/128): qt (C, P_e) E4M3 at qt + C Poff_e
+ * and sf (P_e/128, C) f32 at sf + 4 C Poff_e / 128 bytes (Poff_e = sum of the earlier P).
+ * 128-shared MXFP8 blocks restarting at each expert (ck_mxfp8_qdq with counts). */
+int rt_cuda_mxfp8_quantize_cols_experts(rt_cuda *k, cg_dtype t, gpu_ptr x, int64_t S, int64_t C, gpu_ptr counts, int64_t E,
+                                        gpu_ptr qt, gpu_ptr sf);
 /* ck_mxfp8_qdq: y (dims, in ty; may be x) = the exact values of x quantized to MXFP8 along
  * `axis` of dims (rank 1..4), blocks restarting at each expert's first row when counts (i32
  * (E) on the device, axis 0 only) is not 0. */

@@ -462,10 +462,21 @@ int rt_cuda_mxfp8_dequantize(rt_cuda *k, cg_dtype t, gpu_ptr q, gpu_ptr scale, i
   return rtk_launch(k, CG_FAM_MXFP8, &v, name, rtk_blocks(n, CG_NT_MX), 1, CG_NT_MX, ARGS(&q, &scale, &x, &n));
 }
 
-int rt_cuda_mxfp8_scales_vec128(rt_cuda *k, gpu_ptr scale, int64_t rows, int64_t K, int64_t block, gpu_ptr sf) {
+int rt_cuda_mxfp8_scales_vec128(rt_cuda *k, gpu_ptr scale, int64_t rows, int64_t K, int64_t block, gpu_ptr counts,
+                                int64_t E, int64_t seg_rows, gpu_ptr sf) {
   if (mx_check(k, "mxfp8_scales_vec128", K, block, 1)) return -1;
   const cg_variant v = {(int)block, 1};
   int64_t n = rows * (K / 128);
   return rtk_launch(k, CG_FAM_MXFP8, &v, "moec_mxfp8_scales_vec128", rtk_blocks(n, CG_NT_MX), 1, CG_NT_MX,
-                    ARGS(&scale, &sf, &rows, &K));
+                    ARGS(&scale, &sf, &rows, &K, &counts, &E, &seg_rows));
+}
+
+int rt_cuda_mxfp8_quantize_cols_experts(rt_cuda *k, cg_dtype t, gpu_ptr x, int64_t S, int64_t C, gpu_ptr counts, int64_t E,
+                                        gpu_ptr qt, gpu_ptr sf) {
+  const cg_variant v = {32, 1};
+  int64_t units = S / 128 + E;
+  char name[64];
+  KN("mxfp8_quantize_cols_experts", 1, t);
+  return rtk_launch(k, CG_FAM_MXFP8, &v, name, rtk_blocks(C * units, CG_NT_MX), 1, CG_NT_MX,
+                    ARGS(&x, &qt, &sf, &C, &counts, &E, &units));
 }

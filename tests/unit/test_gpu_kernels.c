@@ -685,6 +685,79 @@ static void test_mxfp8(cg_dtype t, int block, int share) {
   dfree_all();
 }
 
+/* FP8 GEMM operands from the 128-shared quantization, bit-exact with ck_mxfp8_quantize: the
+ * per-expert f32 scale layouts (by device counts, by fixed segments) and the weight
+ * gradient's transposed, zero-padded expert blocks. */
+static void test_fp8_operands(cg_dtype t) {
+  printf("fp8 gemm operands [%s]:\n", cg_dtype_name(t));
+  const int64_t S = 300, C = 160, KD = 256, E4 = 4;
+  const int32_t counts[4] = {0, 130, 1, 169}; /* an empty expert, a one-row one, blocks cut short */
+  gpu_ptr dc = up_raw(counts, sizeof counts);
+  /* wgrad operand */
+  float *x = mx_input(S, C, t);
+  int64_t Ptot = 0;
+  for (int e = 0; e < E4; e++) Ptot += (counts[e] + 127) / 128 * 128;
+  gpu_ptr dx = up_f(x, S * C, t), dq = dmalloc((size_t)(C * Ptot)), dsf = dmalloc((size_t)(C * Ptot / 128) * 4);
+  RUN(rt_cuda_mxfp8_quantize_cols_experts(K, t, dx, S, C, dc, E4, dq, dsf));
+  uint8_t *gq = malloc((size_t)(C * Ptot));
+  float *gsf = falloc(C * Ptot / 128);
+  download(gq, dq, (size_t)(C * Ptot));
+  download(gsf, dsf, (size_t)(C * Ptot / 128) * 4);
+  int64_t start = 0, poff = 0, bad = 0;
+  for (int e = 0; e < E4; e++) {
+    int64_t m = counts[e], P = (m + 127) / 128 * 128;
+    if (P == 0) continue;
+    float *xt = falloc(C * P);
+    for (int64_t c = 0; c < C; c++)
+      for (int64_t j = 0; j < P; j++) xt[c * P + j] = j < m ? x[(start + j) * C + c] : 0.0f;
+    uint8_t *q = malloc((size_t)(C * P)), *s = malloc((size_t)(C * P / 32));
+    CHECK(ck_mxfp8_quantize(xt, C, P, 32, 1, q, s) == CK_OK, "ck_mxfp8_quantize");
+    bad += memcmp(q, gq + C * poff, (size_t)(C * P)) != 0;
+    for (int64_t u = 0; u < P / 128; u++)
+      for (int64_t c = 0; c < C; c++) {
+        float want = s[c * (P / 32) + u * 4] == 0xFF ? NAN : ldexpf(1.0f, s[c * (P / 32) + u * 4] - 127),
+              got = gsf[C * poff / 128 + u * C + c];
+        bad += !(got == want || (isnan(got) && isnan(want)));
+      }
+    free(xt), free(q), free(s);
+    start += m, poff += P;
+  }
+  CHECK(bad == 0, "quantize_cols_experts differs from ck_mxfp8_quantize on the padded transposes (%lld bad blocks)", (long long)bad);
+  printf("  %-44s %6lld values, bit-exact (elements and f32 scales)\n", "expert columns, transposed and padded", (long long)(S * C));
+  /* per-expert scale layouts of a row quantization */
+  float *y = mx_input(S, KD, t);
+  uint8_t *q = malloc((size_t)(S * KD)), *s = malloc((size_t)(S * KD / 32));
+  CHECK(ck_mxfp8_quantize(y, S, KD, 32, 1, q, s) == CK_OK, "ck_mxfp8_quantize");
+  gpu_ptr dy = up_f(y, S * KD, t), dqy = dmalloc((size_t)(S * KD)), dsy = dmalloc((size_t)(S * KD / 32));
+  RUN(rt_cuda_mxfp8_quantize(K, t, dy, S, KD, 32, 1, dqy, dsy));
+  for (int mode = 0; mode < 2; mode++) { /* 0: by counts, 1: 3 segments of 100 rows */
+    int64_t nseg = mode ? 3 : E4, total = 0;
+    int64_t seg[4];
+    for (int e = 0; e < nseg; e++) total += fp8_scale_floats(seg[e] = mode ? 100 : counts[e], KD);
+    gpu_ptr dsf2 = dmalloc((size_t)total * 4);
+    RUN(gpu_memset32(G, dsf2, 0x7f800000u, (size_t)total) == 0 ? 0 : -1);
+    RUN(rt_cuda_mxfp8_scales_vec128(K, dsy, S, KD, 32, mode ? 0 : dc, mode ? 0 : E4, mode ? 100 : 0, dsf2));
+    float *g2 = falloc(total);
+    download(g2, dsf2, (size_t)total * 4);
+    int64_t r0 = 0, so = 0, bad2 = 0;
+    for (int e = 0; e < nseg; e++) {
+      for (int64_t kb = 0; kb < KD / 128; kb++)
+        for (int64_t r = 0; r < seg[e]; r++) {
+          int code = s[(r0 + r) * (KD / 32) + kb * 4];
+          float want = code == 0xFF ? NAN : ldexpf(1.0f, code - 127), got = g2[so + kb * seg[e] + r];
+          bad2 += !(got == want || (isnan(got) && isnan(want)));
+        }
+      r0 += seg[e], so += fp8_scale_floats(seg[e], KD);
+    }
+    CHECK(bad2 == 0, "scales_vec128 (%s): %lld scales differ", mode ? "segments" : "counts", (long long)bad2);
+    printf("  %-44s %6lld scales, bit-exact\n", mode ? "f32 scales, fixed segments" : "f32 scales, per expert", (long long)(S * KD / 128));
+    free(g2);
+  }
+  expect_flag("fp8 operands", CK_OK);
+  free(x), free(gq), free(gsf), free(y), free(q), free(s);
+  dfree_all();
+}
+
 /* FP8 GEMM with 1x128 block scales (cuBLASLt VEC128_32F) on operands from the 128-shared
  * quantize: against the exact product of the values the quantization holds (ck_mxfp8_qdq),
  * in double. Every 128-block of a row gets its own binade, so a scale read from the wrong
@@ -698,7 +771,7 @@ static void test_gemm_fp8(void) {
     printf("  SKIP: %s\n", err);
     return;
   }
-  static const int64_t shapes[][3] = {{96, 64, 384}, {256, 144, 512}};
+  static const int64_t shapes[][3] = {{96, 64, 384}, {37, 144, 512}};
   for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
     const int64_t m = shapes[s][0], n = shapes[s][1], k = shapes[s][2];
     float *x = falloc(m * k), *w = falloc(n * k), *xd = falloc(m * k), *wd = falloc(n * k), *want = falloc(m * n),
@@ -726,8 +799,8 @@ static void test_gemm_fp8(void) {
             sw = dmalloc((size_t)(n * k / 32)), fx = dmalloc((size_t)(m * k / 128) * 4), fw = dmalloc((size_t)(n * k / 128) * 4);
     RUN(rt_cuda_mxfp8_quantize(K, CG_DT_BF16, gx, m, k, 32, 1, qx, sx));
     RUN(rt_cuda_mxfp8_quantize(K, CG_DT_BF16, gw, n, k, 32, 1, qw, sw));
-    RUN(rt_cuda_mxfp8_scales_vec128(K, sx, m, k, 32, fx));
-    RUN(rt_cuda_mxfp8_scales_vec128(K, sw, n, k, 32, fw));
+    RUN(rt_cuda_mxfp8_scales_vec128(K, sx, m, k, 32, 0, 0, 0, fx));
+    RUN(rt_cuda_mxfp8_scales_vec128(K, sw, n, k, 32, 0, 0, 0, fw));
     for (int ct = 0; ct < CG_DT_COUNT; ct++) {
       gpu_mat C = {(cg_dtype)ct, dmalloc((size_t)(m * n) * 4), n, 0, 0};
       if (gpu_gemm_fp8(bl, m, n, k, qx, fx, qw, fw, &C, err, sizeof err) != 0) {
@@ -791,6 +864,7 @@ int main(void) {
     test_cross_entropy((cg_dtype)t);
     test_mxfp8((cg_dtype)t, 32, 0);
     test_mxfp8((cg_dtype)t, 32, 1);
+    test_fp8_operands((cg_dtype)t);
     for (int y = 0; y < CG_DT_COUNT; y++)
       for (int share = 0; share < 2; share++) test_mxfp8_qdq((cg_dtype)t, (cg_dtype)y, share);
   }
