@@ -7,6 +7,7 @@
 #   profile  genos_1b bf16 naive with MOEC_PROFILE=1 (reuses genos's peer)      [120 s]
 #   fused    genos_1b bf16 and mxfp8 on the fused pipeline (reuses the peer)    [300 s]
 #   og2      og2_8x1b bf16 naive + peer                                         [240 s]
+#   fp8      genos_1b mxfp8(block=128) fused: FP8 expert GEMMs, then MOEC_FP8_GEMM=0 [300 s]
 #   ggemm    bench/grouped_gemm.sh: expert GEMMs bf16 / fp8 vs torch._grouped_mm [150 s]
 # Everything is written to $OUT as it runs (session.log, and the logs of each part under
 # $OUT/logs), so a call cut short still brings back what it did.
@@ -48,9 +49,13 @@ for part in "${parts[@]}"; do
     bench LOGDIR=$L/fused_mx PEER_SKIP=1 PRECISION=mxfp8 MOEC_ARGS=$FUSED_MX timeout 160 bash bench/run_bench.sh genos_1b ;;
   og2)
     bench LOGDIR=$L/og2 timeout 240 bash bench/run_bench.sh og2_8x1b ;;
+  fp8)
+    peer_from "$L/genos" "$L/fp8"; peer_from "$L/genos" "$L/fp8_off"
+    bench LOGDIR=$L/fp8 PEER_SKIP=1 PRECISION='mxfp8(block=128)' MOEC_ARGS=$FUSED_MX timeout 150 bash bench/run_bench.sh genos_1b
+    bench LOGDIR=$L/fp8_off PEER_SKIP=1 PRECISION='mxfp8(block=128)' MOEC_ARGS=$FUSED_MX MOEC_FP8_GEMM=0 timeout 150 bash bench/run_bench.sh genos_1b ;;
   ggemm)
     BENCH=$C/bench_grouped_gemm timeout 150 bash bench/grouped_gemm.sh 20 "$L/ggemm" ;;
-  *) echo "unknown part '$part' (kernels step genos profile fused og2 ggemm)" ;;
+  *) echo "unknown part '$part' (kernels step genos profile fused fp8 og2 ggemm)" ;;
   esac
 done
 echo "== done ($(date -u +%H:%M:%S))"

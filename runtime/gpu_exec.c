@@ -13,6 +13,7 @@
 #include "cpu_kernels.h"
 #include "gpu_attention.h"
 #include "gpu_blas.h"
+#include "gpu_fp8.h"
 #include "gpu_kernels.h"
 #include "gpu_profile.h"
 
@@ -168,6 +169,7 @@ int gpu_runtime_download(gpu_runtime *rt, rt_params *ps, char *err, size_t errle
 
 const char *gpu_runtime_device(const gpu_runtime *rt) { return rt->device; }
 size_t gpu_runtime_peak_bytes(const gpu_runtime *rt) { return gpu_peak_bytes(rt->g); }
+gpu_ctx *gpu_runtime_ctx(gpu_runtime *rt) { return rt->g; }
 size_t gpu_runtime_live_bytes(const gpu_runtime *rt) { return gpu_held_bytes(rt->g) - rt->pooled; }
 
 /* ---------------------------------------------------------------- the executor */
@@ -176,6 +178,10 @@ typedef struct {
   size_t bytes;   /* pool size class request; 0 = not owned (param, input) */
   int64_t rows;   /* run-time leading dimension */
   int64_t numel;
+  /* an mxfp8_quantize's packed FP8 form (gpu_fp8.h): E4M3 bytes and scales; owned when the
+   * sizes are not 0 */
+  gpu_ptr q8, s8;
+  size_t q8_bytes, s8_bytes;
 } dev_value;
 
 /* The expert permutation of one routing (a topk result), computed once per run. */
@@ -207,6 +213,7 @@ struct gpu_exec {
   gpu_profile *prof;      /* MOEC_PROFILE=1: per-op times, printed when the executor is freed */
   int grouped_device;     /* MOEC_GROUPED_GEMM=device: the device-driven grouped GEMMs, no host sync */
   int32_t **hcounts;      /* (n_nodes) host copies of expert-count values, downloaded once per step */
+  gpu_fp8_plan fp8;       /* which expert GEMMs run in FP8 (MOEC_FP8_GEMM=0: none) */
   int64_t step;
   char *err;
   size_t errlen;
@@ -254,6 +261,8 @@ static int alloc_out(gx *x, int id, int64_t rows, int zero) {
 
 static void release(gx *x, dev_value *v) {
   if (v->bytes) pool_put(x->rt, v->p, v->bytes);
+  if (v->q8_bytes) pool_put(x->rt, v->q8, v->q8_bytes);
+  if (v->s8_bytes) pool_put(x->rt, v->s8, v->s8_bytes);
   memset(v, 0, sizeof *v);
 }
 
@@ -347,13 +356,13 @@ static int exec_INPUT(gx *x, int id) {
   const char *name = ir_get_str(N(id), "name", "");
   gpu_ptr p = strcmp(name, "tokens") == 0 ? x->tokens : strcmp(name, "labels") == 0 ? x->labels : 0;
   if (!p) return fail(x, id, "unknown input '%s'", name);
-  x->val[id] = (dev_value){p, 0, N(id)->type.dims[0], N(id)->type.dims[0]};
+  x->val[id] = (dev_value){.p = p, .rows = N(id)->type.dims[0], .numel = N(id)->type.dims[0]};
   return 0;
 }
 
 static int exec_PARAM(gx *x, int id) {
   int i = x->param_index[id];
-  x->val[id] = (dev_value){x->rt->dp[i].w, 0, N(id)->type.dims[0], x->rt->ps->p[i].numel};
+  x->val[id] = (dev_value){.p = x->rt->dp[i].w, .rows = N(id)->type.dims[0], .numel = x->rt->ps->p[i].numel};
   return 0;
 }
 
@@ -367,7 +376,7 @@ static int cast_param(gx *x, int id) {
     return fail(x, id, "%s", gpu_error(x->rt->g));
   if (!p->wb_fresh && ck(x, id, rt_cuda_cast(KX, CG_DT_F32, p->w, CG_DT_BF16, p->wb, n)) != 0) return -1;
   p->wb_fresh = 1;
-  x->val[id] = (dev_value){p->wb, 0, V(id, 0)->rows, n};
+  x->val[id] = (dev_value){.p = p->wb, .rows = V(id, 0)->rows, .numel = n};
   return 0;
 }
 
@@ -681,7 +690,7 @@ static int exec_ADAMW(gx *x, int id) {
   dev_param *p = &x->rt->dp[i];
   rt_cuda_adamw_hp hp = {ck_lr_at(x->step, c->steps, c->warmup, c->lr, c->min_lr, c->schedule), c->beta1, c->beta2,
                          c->adam_eps, ir_get_float(N(id), "weight_decay", 0), x->step, c->clip};
-  x->val[id] = (dev_value){p->w, 0, N(id)->type.dims[0], x->rt->ps->p[i].numel};
+  x->val[id] = (dev_value){.p = p->w, .rows = N(id)->type.dims[0], .numel = x->rt->ps->p[i].numel};
   if (ck(x, id, rt_cuda_adamw_step(KX, p->w, DT(x, N(id)->in[1]), V(id, 1)->p, p->m, p->v, p->wb, x->rt->ps->p[i].numel,
                                    V(id, 2)->p, &hp)) != 0)
     return -1;
@@ -826,11 +835,92 @@ static int ggemm_blas(gx *x, int id, const int32_t *cnt, int64_t E, cg_dtype ta,
 }
 
 #define DIMOF(id, k, d) (x->g->nodes[N(id)->in[k]].type.dims[d])
+
+/* ---- FP8 expert GEMMs (gpu_fp8.h): the packed forms, and the sites' GEMMs ---- */
+static int pool_buf(gx *x, int id, size_t bytes, gpu_ptr *p) {
+  return pool_get(x->rt, bytes ? bytes : 4, p) != 0 ? fail(x, id, "%s", gpu_error(x->rt->g)) : 0;
+}
+
+/* The quantize behind input k of FP8 site id (input k is its dequantize). */
+#define QOF(id, k) (N(N(id)->in[k])->in[0])
+
+/* Writes quantize id's packed form (its plan kind) into val[id].q8 / .s8. */
+static int fp8_pack(gx *x, int id) {
+  const ir_node *n = N(id);
+  const dev_value *a = V(id, 0);
+  dev_value *v = &x->val[id];
+  cg_dtype t = DT(x, n->in[0]);
+  int64_t block = ir_get_int(n, "block", 32);
+  size_t es = dsize(x->g->nodes[n->in[0]].type.dtype);
+  int kind = x->fp8.kind[id];
+  if (kind == FP8_ROWS) { /* (S, K): E4M3 as is, E8M0 codes; the reader lays the scales out per expert */
+    int64_t S = a->rows, K = COLS(id);
+    v->q8_bytes = (size_t)(S * K), v->s8_bytes = (size_t)(S * K / block);
+    if (pool_buf(x, id, v->q8_bytes, &v->q8) || pool_buf(x, id, v->s8_bytes, &v->s8)) return -1;
+    return ck(x, id, rt_cuda_mxfp8_quantize(KX, t, a->p, S, K, block, 1, v->q8, v->s8));
+  }
+  if (kind == FP8_COLS) { /* (S, C) by expert: transposed, padded expert blocks with f32 scales */
+    int64_t S = a->rows, C = COLS(id), E = DIMOF(id, 1, 0);
+    v->q8_bytes = (size_t)(C * (S + 128 * E)), v->s8_bytes = (size_t)(C * (S / 128 + E)) * 4;
+    if (pool_buf(x, id, v->q8_bytes, &v->q8) || pool_buf(x, id, v->s8_bytes, &v->s8)) return -1;
+    return ck(x, id, rt_cuda_mxfp8_quantize_cols_experts(KX, t, a->p, S, C, V(id, 1)->p, E, v->q8, v->s8));
+  }
+  /* weights (E, A, B): W_IN along A -> (E, B, A) transposed; W_OUT along B -> as is. Then the
+   * f32 scales, one segment of N rows per expert. */
+  int64_t E = n->type.dims[0], A = n->type.dims[1], B = n->type.dims[2];
+  int64_t N_ = kind == FP8_W_IN ? B : A, K = kind == FP8_W_IN ? A : B;
+  size_t codes_bytes = (size_t)(E * N_ * K / block);
+  gpu_ptr codes = 0;
+  v->q8_bytes = (size_t)(E * N_ * K), v->s8_bytes = (size_t)(E * fp8_scale_floats(N_, K)) * 4;
+  if (pool_buf(x, id, v->q8_bytes, &v->q8) || pool_buf(x, id, v->s8_bytes, &v->s8) || pool_buf(x, id, codes_bytes, &codes))
+    return -1;
+  int rc = 0;
+  if (kind == FP8_W_IN)
+    for (int64_t e = 0; e < E && rc == 0; e++)
+      rc = rt_cuda_mxfp8_quantize_cols(KX, t, a->p + (gpu_ptr)((size_t)(e * A * B) * es), A, B, block, 1,
+                                       v->q8 + (gpu_ptr)(e * A * B), codes + (gpu_ptr)(e * A * B / block));
+  else
+    rc = rt_cuda_mxfp8_quantize(KX, t, a->p, E * A, B, block, 1, v->q8, codes);
+  if (rc == 0) rc = rt_cuda_mxfp8_scales_vec128(KX, codes, E * N_, K, block, 0, 0, N_, v->s8);
+  pool_put(x->rt, codes, codes_bytes); /* stream order keeps it alive for the queued kernels */
+  return ck(x, id, rc);
+}
+
+/* Per-expert f32 scales of the FP8_ROWS operand quantized by q (K columns) into a pool buffer. */
+static int fp8_row_scales(gx *x, int id, int q, int64_t E, gpu_ptr counts, gpu_ptr *sf, size_t *bytes) {
+  int64_t S = x->val[q].rows, K = COLS(q);
+  *bytes = (size_t)(S * (K / 128) + 4 * E) * 4;
+  if (pool_buf(x, id, *bytes, sf)) return -1;
+  return ck(x, id, rt_cuda_mxfp8_scales_vec128(KX, x->val[q].s8, S, K, ir_get_int(N(q), "block", 32), counts, E, 0, *sf));
+}
+
+static int fp8_fail(gx *x, int id, const char *e) {
+  return fail(x, id, "%s (MOEC_FP8_GEMM=0 runs the expert GEMMs in bf16 on the same MXFP8 values)", e);
+}
+
+/* out rows of expert e (N columns, stride ldc) = rows operand at input ka (K columns) . weights
+ * operand at input kw, both in FP8. */
+static int fp8_site_gemm(gx *x, int id, int ka, int kw, int64_t E, const int32_t *cnt, gpu_ptr counts, int64_t N_,
+                         int64_t K, cg_dtype tc, gpu_ptr c, int64_t ldc) {
+  gpu_ptr sf = 0;
+  size_t sf_bytes = 0;
+  char e_[512];
+  if (fp8_row_scales(x, id, QOF(id, ka), E, counts, &sf, &sf_bytes)) return -1;
+  const dev_value *qa = &x->val[QOF(id, ka)], *qw = &x->val[QOF(id, kw)];
+  int rc = gpu_fp8_grouped_gemm(x->rt->blas, cnt, E, N_, K, qa->q8, sf, qw->q8, qw->s8, tc, c, ldc, e_, sizeof e_);
+  pool_put(x->rt, sf, sf_bytes);
+  return rc ? fp8_fail(x, id, e_) : 0;
+}
+
 static int exec_GROUPED_LINEAR(gx *x, int id) {
   const dev_value *a = V(id, 0);
   if (N(id)->n_in > 3) return fail(x, id, "a grouped linear with a bias is not on the GPU yet");
   int64_t E = DIMOF(id, 1, 0), in = DIMOF(id, 1, 1), out = DIMOF(id, 1, 2);
   if (alloc_out(x, id, a->rows, 0)) return -1;
+  if (x->fp8.site[id]) { /* w (E, in, out) packed as (E, out, in) */
+    const int32_t *cnt = host_counts(x, id, N(id)->in[2], a->rows);
+    return cnt ? fp8_site_gemm(x, id, 0, 1, E, cnt, V(id, 2)->p, out, in, DT(x, id), x->val[id].p, out) : -1;
+  }
   if (grouped_blas(x, DT(x, N(id)->in[0]), DT(x, N(id)->in[1]))) {
     const int32_t *cnt = host_counts(x, id, N(id)->in[2], a->rows);
     return cnt ? ggemm_blas(x, id, cnt, E, DT(x, N(id)->in[0]), a->p, in, DT(x, N(id)->in[1]), V(id, 1)->p, 0, DT(x, id),
@@ -845,6 +935,10 @@ static int exec_GROUPED_LINEAR_DGRAD(gx *x, int id) {
   const dev_value *dy = V(id, 0);
   int64_t E = DIMOF(id, 1, 0), in = DIMOF(id, 1, 1), out = DIMOF(id, 1, 2);
   if (alloc_out(x, id, dy->rows, 0)) return -1;
+  if (x->fp8.site[id]) { /* dx (S, in) = dy (S, out) . w[e]^T, w (E, in, out) along out, as is */
+    const int32_t *cnt = host_counts(x, id, N(id)->in[2], dy->rows);
+    return cnt ? fp8_site_gemm(x, id, 0, 1, E, cnt, V(id, 2)->p, in, out, DT(x, id), x->val[id].p, in) : -1;
+  }
   if (grouped_blas(x, DT(x, N(id)->in[0]), DT(x, N(id)->in[1]))) {
     const int32_t *cnt = host_counts(x, id, N(id)->in[2], dy->rows);
     return cnt ? ggemm_blas(x, id, cnt, E, DT(x, N(id)->in[0]), dy->p, out, DT(x, N(id)->in[1]), V(id, 1)->p, 1, DT(x, id),
@@ -859,6 +953,16 @@ static int exec_GROUPED_LINEAR_WGRAD(gx *x, int id) {
   const dev_value *a = V(id, 0);
   const ir_type *t = &N(id)->type;
   if (alloc_out(x, id, t->dims[0], 0)) return -1;
+  if (x->fp8.site[id]) { /* dw[e] (in, out) = xs_e^T . dy_e over the expert's padded rows */
+    const int32_t *cnt = host_counts(x, id, N(id)->in[2], a->rows);
+    if (!cnt) return -1;
+    const dev_value *qx = &x->val[QOF(id, 0)], *qd = &x->val[QOF(id, 1)];
+    char e_[512];
+    return gpu_fp8_grouped_wgrad(x->rt->blas, x->rt->g, cnt, t->dims[0], t->dims[1], t->dims[2], qx->q8, qx->s8, qd->q8,
+                                 qd->s8, DT(x, id), x->val[id].p, e_, sizeof e_)
+               ? fp8_fail(x, id, e_)
+               : 0;
+  }
   if (grouped_blas(x, DT(x, N(id)->in[0]), DT(x, N(id)->in[1]))) {
     /* dw[e] (in, out) = xs_e^T . dy_e, K = the expert's rows; zero for an expert without rows */
     const int32_t *cnt = host_counts(x, id, N(id)->in[2], a->rows);
@@ -900,6 +1004,29 @@ static int exec_GROUPED_MLP(gx *x, int id) {
   if (alloc_out(x, id, a->rows, 0)) return -1;
   cg_dtype tx = DT(x, N(id)->in[0]), tw = DT(x, N(id)->in[1]), to = DT(x, id);
   int64_t mx_block = ir_get_int(N(id), "mx_block", 0);
+  if (x->fp8.site[id]) {
+    /* gate_up = xs . w_gu[e] and y = act . w_down[e] in FP8, act quantized here (128-shared) */
+    const int32_t *cnt = host_counts(x, id, N(id)->in[3], a->rows);
+    if (!cnt) return -1;
+    int64_t S = a->rows, W = H + 2 * F;
+    gpu_ptr counts = V(id, 3)->p, gu = x->val[id].p + (gpu_ptr)((size_t)H * dsize(N(id)->type.dtype)), act = 0, qa = 0, ca = 0,
+            sfa = 0;
+    size_t act_bytes = (size_t)(S * F) * dsize(N(id)->type.dtype) + 4, qa_bytes = (size_t)(S * F) + 4,
+           ca_bytes = (size_t)(S * F / mx_block) + 4, sfa_bytes = (size_t)(S * (F / 128) + 4 * E) * 4;
+    if (pool_buf(x, id, act_bytes, &act) || pool_buf(x, id, qa_bytes, &qa) || pool_buf(x, id, ca_bytes, &ca) ||
+        pool_buf(x, id, sfa_bytes, &sfa))
+      return -1;
+    char e_[512];
+    int rc = fp8_site_gemm(x, id, 0, 1, E, cnt, counts, 2 * F, H, to, gu, W);
+    if (rc == 0) rc = ck(x, id, rt_cuda_mlp_act(KX, to, gu, W, V(id, 4)->p, act, S, F));
+    if (rc == 0) rc = ck(x, id, rt_cuda_mxfp8_quantize(KX, to, act, S, F, mx_block, 1, qa, ca));
+    if (rc == 0) rc = ck(x, id, rt_cuda_mxfp8_scales_vec128(KX, ca, S, F, mx_block, counts, E, 0, sfa));
+    const dev_value *qd = &x->val[QOF(id, 2)];
+    if (rc == 0 && gpu_fp8_grouped_gemm(x->rt->blas, cnt, E, H, F, qa, sfa, qd->q8, qd->s8, to, x->val[id].p, W, e_, sizeof e_))
+      rc = fp8_fail(x, id, e_);
+    pool_put(x->rt, act, act_bytes), pool_put(x->rt, qa, qa_bytes), pool_put(x->rt, ca, ca_bytes), pool_put(x->rt, sfa, sfa_bytes);
+    return rc;
+  }
   if (grouped_blas(x, tx, tw) && to == tw) {
     /* out (S, H + 2F) = y | gate_up: gate_up = xs . w_gu[e]; act = p * silu(g) * u; y = act . w_down[e] */
     const int32_t *cnt = host_counts(x, id, N(id)->in[3], a->rows);
@@ -929,15 +1056,17 @@ static int exec_GROUPED_MLP_BWD(gx *x, int id) {
   if (need_f32(x, id, N(id)->in[4], "the routing probabilities")) return -1;
   if (alloc_out(x, id, dy->rows, 0)) return -1;
   cg_dtype tdy = DT(x, N(id)->in[0]), tw = DT(x, N(id)->in[2]);
-  if (grouped_blas(x, tdy, tw)) {
-    /* dact (S, F) f32 = dy . w_down[e]^T, then the rows: dg | du | act | dp */
+  if (x->fp8.site[id] || grouped_blas(x, tdy, tw)) {
+    /* dact (S, F) f32 = dy . w_down[e]^T (FP8: w_down (E, F, H) along H, as is), then the
+       rows: dg | du | act | dp */
     const int32_t *cnt = host_counts(x, id, N(id)->in[3], dy->rows);
     if (!cnt) return -1;
     int64_t S = dy->rows;
     size_t dact_bytes = (size_t)(S * F > 0 ? S * F : 1) * 4;
     gpu_ptr dact = 0;
     if (pool_get(x->rt, dact_bytes, &dact) != 0) return fail(x, id, "%s", gpu_error(x->rt->g));
-    int rc = ggemm_blas(x, id, cnt, E, tdy, dy->p, H, tw, V(id, 2)->p, 1, CG_DT_F32, dact, F, F, H);
+    int rc = x->fp8.site[id] ? fp8_site_gemm(x, id, 0, 2, E, cnt, V(id, 3)->p, F, H, CG_DT_F32, dact, F)
+                             : ggemm_blas(x, id, cnt, E, tdy, dy->p, H, tw, V(id, 2)->p, 1, CG_DT_F32, dact, F, F, H);
     if (rc == 0)
       rc = ck(x, id, rt_cuda_mlp_bwd_rows(KX, DT(x, N(id)->in[1]), DT(x, id), dact, V(id, 1)->p, V(id, 4)->p, x->val[id].p, S, F));
     pool_put(x->rt, dact, dact_bytes);
@@ -958,6 +1087,12 @@ static int exec_MXFP8_QUANTIZE(gx *x, int id) {
   int64_t dims[IR_MAX_RANK];
   for (int d = 0; d < t->rank; d++) dims[d] = t->dims[d];
   dims[0] = a->rows;
+  if (x->fp8.kind[id] != FP8_NONE && fp8_pack(x, id) != 0) return -1;
+  if (!x->fp8.values[id]) { /* only FP8 GEMMs read it: the packed form is all */
+    x->val[id].rows = a->rows;
+    x->val[id].numel = a->numel;
+    return 0;
+  }
   if (alloc_out(x, id, a->rows, 0)) return -1;
   gpu_ptr counts = N(id)->n_in == 2 ? V(id, 1)->p : 0;
   int64_t E = N(id)->n_in == 2 ? DIMOF(id, 1, 0) : 0;
@@ -966,7 +1101,11 @@ static int exec_MXFP8_QUANTIZE(gx *x, int id) {
                                      (int)ir_get_int(N(id), "share128", 0), counts, E));
 }
 
-static int exec_MXFP8_DEQUANTIZE(gx *x, int id) { return exec_CAST(x, id); }
+static int exec_MXFP8_DEQUANTIZE(gx *x, int id) {
+  if (!x->fp8.skip[id]) return exec_CAST(x, id);
+  x->val[id] = (dev_value){.rows = V(id, 0)->rows, .numel = V(id, 0)->numel}; /* its readers take the packed form */
+  return 0;
+}
 
 typedef int (*exec_fn)(gx *, int);
 static const exec_fn exec_table[] = {
@@ -1016,6 +1155,14 @@ gpu_exec *gpu_exec_new(gpu_runtime *rt, const ir_graph *g, char *err, size_t err
   x->prof = gpu_profile_from_env(rt->g, g);
   const char *gg = getenv("MOEC_GROUPED_GEMM");
   x->grouped_device = gg && strcmp(gg, "device") == 0;
+  /* FP8 expert GEMMs (mxfp8(block = 128) on sm_90 and newer; MOEC_FP8_GEMM=0 keeps bf16) */
+  const char *f8 = getenv("MOEC_FP8_GEMM");
+  int fp8_on = !(f8 && strcmp(f8, "0") == 0) && !x->grouped_device && gpu_info(rt->g)->cc_major >= 9;
+  if (gpu_fp8_plan_new(g, fp8_on, x->last_use, &x->fp8) != 0) {
+    snprintf(err, errlen, "out of host memory");
+    gpu_exec_free(x);
+    return NULL;
+  }
   x->hcounts = calloc(n, sizeof *x->hcounts);
   if (!x->hcounts) {
     snprintf(err, errlen, "out of host memory");
@@ -1030,8 +1177,15 @@ gpu_exec *gpu_exec_new(gpu_runtime *rt, const ir_graph *g, char *err, size_t err
   return x;
 }
 
+int gpu_exec_fp8_sites(const gpu_exec *x) {
+  int n = 0;
+  for (int id = 0; id < x->g->n_nodes; id++) n += x->fp8.site[id];
+  return n;
+}
+
 void gpu_exec_free(gpu_exec *x) {
   if (!x) return;
+  gpu_fp8_plan_free(&x->fp8);
   gpu_profile_print(x->prof, stderr);
   gpu_profile_free(x->prof);
   if (x->val)

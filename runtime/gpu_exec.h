@@ -12,6 +12,7 @@
 #include <stdint.h>
 
 #include "ir.h"
+#include "gpu_loader.h"
 #include "params.h"
 
 typedef struct gpu_runtime gpu_runtime;
@@ -30,8 +31,11 @@ const char *gpu_runtime_device(const gpu_runtime *rt);
 size_t gpu_runtime_peak_bytes(const gpu_runtime *rt);
 /* Device bytes in use now: held minus the free buffers cached in the pool. */
 size_t gpu_runtime_live_bytes(const gpu_runtime *rt);
+gpu_ctx *gpu_runtime_ctx(gpu_runtime *rt);
 
 gpu_exec *gpu_exec_new(gpu_runtime *rt, const ir_graph *g, char *err, size_t errlen);
+/* How many grouped GEMM ops of the graph run their GEMMs in FP8 (gpu_fp8.h). */
+int gpu_exec_fp8_sites(const gpu_exec *x);
 void gpu_exec_free(gpu_exec *x);
 /* As cpu_exec_run. */
 int gpu_exec_run(gpu_exec *x, const int32_t *tokens, const int32_t *labels, int64_t step, float *outputs,
