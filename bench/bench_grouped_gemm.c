@@ -58,6 +58,7 @@ static void pass(const bufs *u, int dt, int kind, const int64_t *cnt, int64_t K,
     int64_t m = kind == 2 ? K : me, n = kind == 0 ? N : kind == 1 ? K : N, k = kind == 0 ? K : kind == 1 ? N : me;
     if (dt == 1) {
       if (kind == 2) k = (me + 127) / 128 * 128; /* token blocks restart per expert, zero-padded */
+      else m = fp8_rows(me);                   /* whole 16-row blocks (gpu_fp8.h) */
       int64_t a_off = kind == 2 ? off * K : off * k;    /* bytes into the packed operands */
       gpu_mat C = {CG_DT_BF16, u->c + (gpu_ptr)(kind == 2 ? e * K * N * 2 : off * n * 2), n, 0, 0};
       if (gpu_gemm_fp8(BL, m, n, k, u->a + (gpu_ptr)a_off, u->sa + (gpu_ptr)(off * (k / 128) * 4), u->b, u->sb, &C, err,

@@ -299,8 +299,8 @@ int gpu_gemm_fp8(gpu_blas *b, int64_t m, int64_t n, int64_t k, gpu_ptr A, gpu_pt
                  const gpu_mat *C, char *err, size_t errlen) {
   err[0] = 0;
   if (m == 0 || n == 0) return 0;
-  if (k % 128 != 0 || C->trans || C->stride) {
-    snprintf(err, errlen, "fp8 gemm: %lld x %lld x %lld: k must be a multiple of 128 (and C plain)",
+  if (k % 128 != 0 || m % 16 != 0 || n % 16 != 0 || C->trans || C->stride) {
+    snprintf(err, errlen, "fp8 gemm: %lld x %lld x %lld: k must be a multiple of 128, m and n of 16 (and C plain)",
              (long long)m, (long long)n, (long long)k);
     return -1;
   }

@@ -70,7 +70,8 @@ int gpu_gemm(gpu_blas *b, int64_t m, int64_t n, int64_t k, float alpha, const gp
 /* FP8 with one f32 scale per 128 of k (cuBLASLt VEC128_32F, Hopper and newer): C (m, n),
  * bf16 or f32 row-major = A (m, k) . B (n, k)^T, A and B E4M3 row-major (k-major, as
  * rt_cuda_mxfp8_quantize writes them), sa (k/128, m) and sb (k/128, n) f32 with m and n
- * fastest (rt_cuda_mxfp8_scales_vec128), 16-byte aligned. k a multiple of 128. */
+ * fastest (rt_cuda_mxfp8_scales_vec128), 16-byte aligned. k a multiple of 128, m and n of 16
+ * (cuBLASLt has no algorithm for other m on the H200: an expert's rows are padded, gpu_fp8.h). */
 int gpu_gemm_fp8(gpu_blas *b, int64_t m, int64_t n, int64_t k, gpu_ptr A, gpu_ptr sa, gpu_ptr B, gpu_ptr sb,
                  const gpu_mat *C, char *err, size_t errlen);
 /* Heuristic queries so far: each shape class costs one (tests check that a step's shapes

@@ -243,14 +243,16 @@ static cg_dtype cdt(ir_dtype t) { return t == DT_BF16 ? CG_DT_BF16 : CG_DT_F32; 
 static size_t dsize(ir_dtype t) { return t == DT_BF16 ? 2 : 4; }
 static cg_dtype DT(gx *x, int v) { return cdt(x->g->nodes[v].type.dtype); }
 
-static int alloc_out(gx *x, int id, int64_t rows, int zero) {
+/* The result of id, rows rows (and `slack` more allocated, unused: an FP8 GEMM's 16-row blocks
+ * may write past an expert's rows, gpu_fp8.h). */
+static int alloc_out_slack(gx *x, int id, int64_t rows, int zero, int64_t slack) {
   const ir_type *t = &N(id)->type;
-  int64_t numel = t->rank == 0 ? 1 : rows;
-  for (int d = 1; d < t->rank; d++) numel *= t->dims[d];
+  int64_t numel = t->rank == 0 ? 1 : rows, row = 1;
+  for (int d = 1; d < t->rank; d++) numel *= t->dims[d], row *= t->dims[d];
   dev_value *v = &x->val[id];
   v->rows = t->rank == 0 ? 1 : rows;
   v->numel = numel;
-  v->bytes = (size_t)(numel > 0 ? numel : 1) * dsize(t->dtype);
+  v->bytes = (size_t)(numel + slack * row > 0 ? numel + slack * row : 1) * dsize(t->dtype);
   if (pool_get(x->rt, v->bytes, &v->p) != 0) {
     v->bytes = 0;
     return fail(x, id, "%s", gpu_error(x->rt->g));
@@ -258,6 +260,8 @@ static int alloc_out(gx *x, int id, int64_t rows, int zero) {
   if (zero && gpu_memset8(x->rt->g, v->p, 0, v->bytes) != 0) return fail(x, id, "%s", gpu_error(x->rt->g));
   return 0;
 }
+
+static int alloc_out(gx *x, int id, int64_t rows, int zero) { return alloc_out_slack(x, id, rows, zero, 0); }
 
 static void release(gx *x, dev_value *v) {
   if (v->bytes) pool_put(x->rt, v->p, v->bytes);
@@ -855,7 +859,7 @@ static int fp8_pack(gx *x, int id) {
   int kind = x->fp8.kind[id];
   if (kind == FP8_ROWS) { /* (S, K): E4M3 as is, E8M0 codes; the reader lays the scales out per expert */
     int64_t S = a->rows, K = COLS(id);
-    v->q8_bytes = (size_t)(S * K), v->s8_bytes = (size_t)(S * K / block);
+    v->q8_bytes = (size_t)((S + 16) * K), v->s8_bytes = (size_t)(S * K / block); /* 16 rows of slack (gpu_fp8.h) */
     if (pool_buf(x, id, v->q8_bytes, &v->q8) || pool_buf(x, id, v->s8_bytes, &v->s8)) return -1;
     return ck(x, id, rt_cuda_mxfp8_quantize(KX, t, a->p, S, K, block, 1, v->q8, v->s8));
   }
@@ -871,7 +875,7 @@ static int fp8_pack(gx *x, int id) {
   int64_t N_ = kind == FP8_W_IN ? B : A, K = kind == FP8_W_IN ? A : B;
   size_t codes_bytes = (size_t)(E * N_ * K / block);
   gpu_ptr codes = 0;
-  v->q8_bytes = (size_t)(E * N_ * K), v->s8_bytes = (size_t)(E * fp8_scale_floats(N_, K)) * 4;
+  v->q8_bytes = (size_t)(E * N_ * K), v->s8_bytes = (size_t)(E * fp8_scale_floats(fp8_rows(N_), K)) * 4;
   if (pool_buf(x, id, v->q8_bytes, &v->q8) || pool_buf(x, id, v->s8_bytes, &v->s8) || pool_buf(x, id, codes_bytes, &codes))
     return -1;
   int rc = 0;
@@ -889,7 +893,7 @@ static int fp8_pack(gx *x, int id) {
 /* Per-expert f32 scales of the FP8_ROWS operand quantized by q (K columns) into a pool buffer. */
 static int fp8_row_scales(gx *x, int id, int q, int64_t E, gpu_ptr counts, gpu_ptr *sf, size_t *bytes) {
   int64_t S = x->val[q].rows, K = COLS(q);
-  *bytes = (size_t)(S * (K / 128) + 4 * E) * 4;
+  *bytes = (size_t)((S + 16 * E) * (K / 128) + 4 * E) * 4; /* segments of fp8_rows(m_e) */
   if (pool_buf(x, id, *bytes, sf)) return -1;
   return ck(x, id, rt_cuda_mxfp8_scales_vec128(KX, x->val[q].s8, S, K, ir_get_int(N(q), "block", 32), counts, E, 0, *sf));
 }
@@ -916,7 +920,7 @@ static int exec_GROUPED_LINEAR(gx *x, int id) {
   const dev_value *a = V(id, 0);
   if (N(id)->n_in > 3) return fail(x, id, "a grouped linear with a bias is not on the GPU yet");
   int64_t E = DIMOF(id, 1, 0), in = DIMOF(id, 1, 1), out = DIMOF(id, 1, 2);
-  if (alloc_out(x, id, a->rows, 0)) return -1;
+  if (alloc_out_slack(x, id, a->rows, 0, x->fp8.site[id] ? 16 : 0)) return -1;
   if (x->fp8.site[id]) { /* w (E, in, out) packed as (E, out, in) */
     const int32_t *cnt = host_counts(x, id, N(id)->in[2], a->rows);
     return cnt ? fp8_site_gemm(x, id, 0, 1, E, cnt, V(id, 2)->p, out, in, DT(x, id), x->val[id].p, out) : -1;
@@ -934,7 +938,7 @@ static int exec_GROUPED_LINEAR(gx *x, int id) {
 static int exec_GROUPED_LINEAR_DGRAD(gx *x, int id) {
   const dev_value *dy = V(id, 0);
   int64_t E = DIMOF(id, 1, 0), in = DIMOF(id, 1, 1), out = DIMOF(id, 1, 2);
-  if (alloc_out(x, id, dy->rows, 0)) return -1;
+  if (alloc_out_slack(x, id, dy->rows, 0, x->fp8.site[id] ? 16 : 0)) return -1;
   if (x->fp8.site[id]) { /* dx (S, in) = dy (S, out) . w[e]^T, w (E, in, out) along out, as is */
     const int32_t *cnt = host_counts(x, id, N(id)->in[2], dy->rows);
     return cnt ? fp8_site_gemm(x, id, 0, 1, E, cnt, V(id, 2)->p, in, out, DT(x, id), x->val[id].p, in) : -1;
@@ -1001,7 +1005,7 @@ static int exec_GROUPED_MLP(gx *x, int id) {
   int64_t E = DIMOF(id, 1, 0), H = INCOLS(id, 0), F = ir_get_int(N(id), "ffn", 0);
   if (need_f32(x, id, N(id)->in[4], "the routing probabilities")) return -1;
   if (DT(x, N(id)->in[1]) != DT(x, N(id)->in[2])) return fail(x, id, "w_gu and w_down dtypes differ");
-  if (alloc_out(x, id, a->rows, 0)) return -1;
+  if (alloc_out_slack(x, id, a->rows, 0, x->fp8.site[id] ? 16 : 0)) return -1;
   cg_dtype tx = DT(x, N(id)->in[0]), tw = DT(x, N(id)->in[1]), to = DT(x, id);
   int64_t mx_block = ir_get_int(N(id), "mx_block", 0);
   if (x->fp8.site[id]) {
@@ -1011,8 +1015,8 @@ static int exec_GROUPED_MLP(gx *x, int id) {
     int64_t S = a->rows, W = H + 2 * F;
     gpu_ptr counts = V(id, 3)->p, gu = x->val[id].p + (gpu_ptr)((size_t)H * dsize(N(id)->type.dtype)), act = 0, qa = 0, ca = 0,
             sfa = 0;
-    size_t act_bytes = (size_t)(S * F) * dsize(N(id)->type.dtype) + 4, qa_bytes = (size_t)(S * F) + 4,
-           ca_bytes = (size_t)(S * F / mx_block) + 4, sfa_bytes = (size_t)(S * (F / 128) + 4 * E) * 4;
+    size_t act_bytes = (size_t)(S * F) * dsize(N(id)->type.dtype) + 4, qa_bytes = (size_t)((S + 16) * F),
+           ca_bytes = (size_t)(S * F / mx_block) + 4, sfa_bytes = (size_t)((S + 16 * E) * (F / 128) + 4 * E) * 4;
     if (pool_buf(x, id, act_bytes, &act) || pool_buf(x, id, qa_bytes, &qa) || pool_buf(x, id, ca_bytes, &ca) ||
         pool_buf(x, id, sfa_bytes, &sfa))
       return -1;
@@ -1062,7 +1066,7 @@ static int exec_GROUPED_MLP_BWD(gx *x, int id) {
     const int32_t *cnt = host_counts(x, id, N(id)->in[3], dy->rows);
     if (!cnt) return -1;
     int64_t S = dy->rows;
-    size_t dact_bytes = (size_t)(S * F > 0 ? S * F : 1) * 4;
+    size_t dact_bytes = (size_t)((S + (x->fp8.site[id] ? 16 : 0)) * F > 0 ? (S + (x->fp8.site[id] ? 16 : 0)) * F : 1) * 4;
     gpu_ptr dact = 0;
     if (pool_get(x->rt, dact_bytes, &dact) != 0) return fail(x, id, "%s", gpu_error(x->rt->g));
     int rc = x->fp8.site[id] ? fp8_site_gemm(x, id, 0, 2, E, cnt, V(id, 3)->p, F, H, CG_DT_F32, dact, F)

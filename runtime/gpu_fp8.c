@@ -11,15 +11,15 @@ int gpu_fp8_grouped_gemm(gpu_blas *b, const int32_t *counts, int64_t E, int64_t 
   size_t cs = tc == CG_DT_BF16 ? 2 : 4;
   int64_t r0 = 0, soa = 0;
   for (int64_t e = 0; e < E; e++) {
-    int64_t m = counts[e];
+    int64_t m = counts[e], mp = fp8_rows(m);
     if (m > 0) {
       gpu_mat C = {tc, c + (gpu_ptr)((size_t)(r0 * ldc) * cs), ldc, 0, 0};
-      if (gpu_gemm_fp8(b, m, N, K, qa + (gpu_ptr)(r0 * K), sa + (gpu_ptr)(soa * 4), qb + (gpu_ptr)(e * N * K),
-                       sb + (gpu_ptr)(e * fp8_scale_floats(N, K) * 4), &C, err, errlen) != 0)
+      if (gpu_gemm_fp8(b, mp, N, K, qa + (gpu_ptr)(r0 * K), sa + (gpu_ptr)(soa * 4), qb + (gpu_ptr)(e * N * K),
+                       sb + (gpu_ptr)(e * fp8_scale_floats(fp8_rows(N), K) * 4), &C, err, errlen) != 0)
         return -1;
     }
     r0 += m;
-    soa += fp8_scale_floats(m, K);
+    soa += fp8_scale_floats(mp, K);
   }
   return 0;
 }

@@ -212,12 +212,15 @@ int rt_cuda_mxfp8_quantize_cols(rt_cuda *k, cg_dtype t, gpu_ptr x /* (rows, cols
                                 int64_t block, int share128, gpu_ptr qt, gpu_ptr scale_t);
 int rt_cuda_mxfp8_dequantize(rt_cuda *k, cg_dtype t, gpu_ptr q, gpu_ptr scale, int64_t rows, int64_t cols,
                              int64_t block, gpu_ptr x /* (rows, cols) */);
-/* FP8 GEMM operands (gpu_gemm_fp8, one GEMM per expert, one f32 scale per 128 of K). A
- * segment of m rows has m K/128 scales; segments start at multiples of 4 floats (16 bytes). */
+/* FP8 GEMM operands (gpu_gemm_fp8, one GEMM per expert, one f32 scale per 128 of K). cuBLASLt
+ * runs only whole 16-row blocks, so a segment of m rows is laid out as fp8_rows(m); it has
+ * fp8_rows(m) K/128 scales and starts at a multiple of 4 floats (16 bytes). */
+static inline int64_t fp8_rows(int64_t m) { return (m + 15) / 16 * 16; }
 static inline int64_t fp8_scale_floats(int64_t m, int64_t K) { return (m * (K / 128) + 3) / 4 * 4; }
 /* scale (rows, K/block) E8M0 of a 128-shared quantization -> sf: for each segment of rows
  * (counts (E) on the device, or E = rows / seg_rows segments of seg_rows, or one), its
- * (K/128, m) f32 powers of two, rows fastest, at the sum of fp8_scale_floats before it. */
+ * (K/128, fp8_rows(m)) f32 powers of two, rows fastest (the padding columns left unwritten),
+ * at the sum of fp8_scale_floats(fp8_rows(m), K) before it. */
 int rt_cuda_mxfp8_scales_vec128(rt_cuda *k, gpu_ptr scale, int64_t rows, int64_t K, int64_t block, gpu_ptr counts,
                                 int64_t E, int64_t seg_rows, gpu_ptr sf);
 /* The weight gradient's operand: x (S, C) rows split by counts (E, on the device); expert e's

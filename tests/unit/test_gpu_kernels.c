@@ -733,7 +733,7 @@ static void test_fp8_operands(cg_dtype t) {
   for (int mode = 0; mode < 2; mode++) { /* 0: by counts, 1: 3 segments of 100 rows */
     int64_t nseg = mode ? 3 : E4, total = 0;
     int64_t seg[4];
-    for (int e = 0; e < nseg; e++) total += fp8_scale_floats(seg[e] = mode ? 100 : counts[e], KD);
+    for (int e = 0; e < nseg; e++) total += fp8_scale_floats(fp8_rows(seg[e] = mode ? 100 : counts[e]), KD);
     gpu_ptr dsf2 = dmalloc((size_t)total * 4);
     RUN(gpu_memset32(G, dsf2, 0x7f800000u, (size_t)total) == 0 ? 0 : -1);
     RUN(rt_cuda_mxfp8_scales_vec128(K, dsy, S, KD, 32, mode ? 0 : dc, mode ? 0 : E4, mode ? 100 : 0, dsf2));
@@ -744,10 +744,10 @@ static void test_fp8_operands(cg_dtype t) {
       for (int64_t kb = 0; kb < KD / 128; kb++)
         for (int64_t r = 0; r < seg[e]; r++) {
           int code = s[(r0 + r) * (KD / 32) + kb * 4];
-          float want = code == 0xFF ? NAN : ldexpf(1.0f, code - 127), got = g2[so + kb * seg[e] + r];
+          float want = code == 0xFF ? NAN : ldexpf(1.0f, code - 127), got = g2[so + kb * fp8_rows(seg[e]) + r];
           bad2 += !(got == want || (isnan(got) && isnan(want)));
         }
-      r0 += seg[e], so += fp8_scale_floats(seg[e], KD);
+      r0 += seg[e], so += fp8_scale_floats(fp8_rows(seg[e]), KD);
     }
     CHECK(bad2 == 0, "scales_vec128 (%s): %lld scales differ", mode ? "segments" : "counts", (long long)bad2);
     printf("  %-44s %6lld scales, bit-exact\n", mode ? "f32 scales, fixed segments" : "f32 scales, per expert", (long long)(S * KD / 128));
@@ -771,7 +771,7 @@ static void test_gemm_fp8(void) {
     printf("  SKIP: %s\n", err);
     return;
   }
-  static const int64_t shapes[][3] = {{96, 64, 384}, {37, 144, 512}};
+  static const int64_t shapes[][3] = {{96, 64, 384}, {48, 144, 512}};
   for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
     const int64_t m = shapes[s][0], n = shapes[s][1], k = shapes[s][2];
     float *x = falloc(m * k), *w = falloc(n * k), *xd = falloc(m * k), *wd = falloc(n * k), *want = falloc(m * n),
@@ -823,6 +823,8 @@ static void test_gemm_fp8(void) {
   gpu_mat C = {CG_DT_F32, 0, 64, 0, 0};
   CHECK(gpu_gemm_fp8(bl, 64, 64, 100, 0, 0, 0, 0, &C, e2, sizeof e2) != 0 && strstr(e2, "multiple of 128"),
         "fp8 gemm accepted k = 100: %s", e2);
+  CHECK(gpu_gemm_fp8(bl, 37, 64, 128, 0, 0, 0, 0, &C, e2, sizeof e2) != 0 && strstr(e2, "m and n of 16"),
+        "fp8 gemm accepted m = 37: %s", e2);
   gpu_blas_free(bl);
 }
 
