@@ -1,5 +1,6 @@
 /* bootstrap.c -- the torchrun environment, and the TCP mesh between the ranks (bootstrap.h). */
 #include "bootstrap.h"
+#include "errf.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -18,15 +19,6 @@
 #define BOOT_MAGIC 0x6d6f6562u /* "moeb" */
 #define WORLD_MAX 65536
 
-static int errf(char *err, size_t errlen, const char *fmt, ...) {
-  if (err && errlen) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-  }
-  return -1;
-}
 
 /* An integer in [lo, hi] from variable name; -1 with a message when not. */
 static int env_int(const char *name, const char *v, long lo, long hi, int *out, char *err, size_t errlen) {

@@ -17,6 +17,7 @@
  * collectives fail at once) and sends an abort frame with the message to every peer (or closes
  * the stream where a frame is half-sent), so they fail too instead of waiting. */
 #include "comm_impl.h"
+#include "errf.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -195,15 +196,6 @@ static void tcp_abort(comm_world *cw, int rank, const char *msg) {
   fail(w, m);
 }
 
-static int errf(char *err, size_t errlen, const char *fmt, ...) {
-  if (err && errlen) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-  }
-  return -1;
-}
 
 /* One peer's side of an exchange. */
 typedef struct {

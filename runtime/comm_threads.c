@@ -4,6 +4,7 @@
  * is read any more), and each writes its result. The entry fails fast on an aborted world and
  * on the timeout; the exit only waits (every rank past the entry reaches it). */
 #include "comm_impl.h"
+#include "errf.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -121,10 +122,6 @@ static void threads_abort(comm_world *cw, int rank, const char *msg) {
   pthread_mutex_unlock(&w->mu);
 }
 
-static int errf(char *err, size_t errlen, const char *fmt, const char *a, const char *b) {
-  if (err && errlen) snprintf(err, errlen, fmt, a, b);
-  return -1;
-}
 
 /* Meets the group. fail_fast: return -1 when the world has failed or the wait times out. */
 static int rendezvous(tcomm *tc, const char *op, int fail_fast, char *err, size_t errlen) {
@@ -184,7 +181,7 @@ static int enter(tcomm *tc, slot s, char *err, size_t errlen) {
                tc->g->members[j], o->op, (long long)o->n, c->world_rank, s.op, (long long)s.n, comm_group_name(c->grp));
       rendezvous(tc, s.op, 0, NULL, 0);
       threads_abort(c->w, c->world_rank, m);
-      return errf(err, errlen, "comm: %s%s", m, "");
+      return errf(err, errlen, "comm: %s", m);
     }
   }
   return 0;
@@ -213,7 +210,7 @@ static int threads_all_reduce_sum(comm *cc, void *buf, int64_t n, comm_dtype dt,
     }
   }
   int rc = leave(c, "all_reduce_sum", err, errlen);
-  if (!acc) return errf(err, errlen, "comm: all_reduce_sum: out of host memory%s%s", "", "");
+  if (!acc) return errf(err, errlen, "comm: all_reduce_sum: out of host memory");
   if (rc == 0 && n > 0) memcpy(buf, acc, (size_t)n * 4);
   free(acc);
   return rc;
@@ -228,12 +225,12 @@ static int threads_all_gather(comm *cc, const void *send, size_t bytes, void *re
 
 static int threads_broadcast(comm *cc, void *buf, size_t bytes, int root, char *err, size_t errlen) {
   tcomm *c = TC(cc);
-  if (root < 0 || root >= c->g->size) return errf(err, errlen, "comm: broadcast: root out of range%s%s", "", "");
+  if (root < 0 || root >= c->g->size) return errf(err, errlen, "comm: broadcast: root out of range");
   if (enter(c, (slot){"broadcast", buf, NULL, NULL, (int64_t)bytes, 0, root}, err, errlen)) return -1;
   void *tmp = malloc(bytes ? bytes : 1);
   if (tmp && bytes) memcpy(tmp, c->g->slots[root].send, bytes);
   int rc = leave(c, "broadcast", err, errlen);
-  if (!tmp) return errf(err, errlen, "comm: broadcast: out of host memory%s%s", "", "");
+  if (!tmp) return errf(err, errlen, "comm: broadcast: out of host memory");
   if (rc == 0 && bytes && c->base.rank != root) memcpy(buf, tmp, bytes);
   free(tmp);
   return rc;
@@ -252,7 +249,7 @@ static int threads_all_to_all_counts(comm *cc, const size_t *send_bytes, size_t 
   size_t *tmp = malloc((size_t)P * sizeof *tmp);
   for (int j = 0; tmp && j < P; j++) tmp[j] = c->g->slots[j].counts[c->base.rank];
   int rc = leave(c, "all_to_all_counts", err, errlen);
-  if (!tmp) return errf(err, errlen, "comm: all_to_all_counts: out of host memory%s%s", "", "");
+  if (!tmp) return errf(err, errlen, "comm: all_to_all_counts: out of host memory");
   if (rc == 0) memcpy(recv_bytes, tmp, (size_t)P * sizeof *tmp);
   free(tmp);
   return rc;
@@ -272,7 +269,7 @@ static int threads_all_to_all_v(comm *cc, const void *send, const size_t *send_b
                  c->g->members[j], c->g->slots[j].counts[i], c->g->members[i], c->g->slots[i].recv_counts[j]);
         leave(c, "all_to_all_v", NULL, 0);
         threads_abort(c->base.w, c->base.world_rank, m);
-        return errf(err, errlen, "comm: %s%s", m, "");
+        return errf(err, errlen, "comm: %s", m);
       }
   size_t off_out = 0;
   for (int j = 0; j < P; j++) {

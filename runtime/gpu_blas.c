@@ -251,6 +251,17 @@ static int run_cached(gpu_blas *b, const lt_call *call, const int64_t key[12], c
   return 0;
 }
 
+/* Frees a call's descriptors; rc, with `what` as the message when it failed without one. */
+static int finish(gpu_blas *b, int rc, void *desc, void *la, void *lb, void *lc, const char *what, char *err,
+                  size_t errlen) {
+  if (rc != 0 && err[0] == 0) snprintf(err, errlen, "%s", what);
+  if (la) b->api->MatrixLayoutDestroy(la);
+  if (lb) b->api->MatrixLayoutDestroy(lb);
+  if (lc) b->api->MatrixLayoutDestroy(lc);
+  if (desc) b->api->MatmulDescDestroy(desc);
+  return rc;
+}
+
 int gpu_gemm(gpu_blas *b, int64_t m, int64_t n, int64_t k, float alpha, const gpu_mat *A, const gpu_mat *B,
              float beta, const gpu_mat *C, int batch, char *err, size_t errlen) {
   err[0] = 0;
@@ -287,12 +298,7 @@ int gpu_gemm(gpu_blas *b, int64_t m, int64_t n, int64_t k, float alpha, const gp
   if (run_cached(b, &call, key, mnk, batch, what, err, errlen) != 0) goto done;
   rc = 0;
 done:
-  if (rc != 0 && err[0] == 0) snprintf(err, errlen, "cuBLASLt setup failed");
-  if (la) b->api->MatrixLayoutDestroy(la);
-  if (lb) b->api->MatrixLayoutDestroy(lb);
-  if (lc) b->api->MatrixLayoutDestroy(lc);
-  if (desc) b->api->MatmulDescDestroy(desc);
-  return rc;
+  return finish(b, rc, desc, la, lb, lc, "cuBLASLt setup failed", err, errlen);
 }
 
 int gpu_gemm_fp8(gpu_blas *b, int64_t m, int64_t n, int64_t k, gpu_ptr A, gpu_ptr sa, gpu_ptr B, gpu_ptr sb,
@@ -336,10 +342,5 @@ int gpu_gemm_fp8(gpu_blas *b, int64_t m, int64_t n, int64_t k, gpu_ptr A, gpu_pt
   }
   rc = 0;
 done:
-  if (rc != 0 && err[0] == 0) snprintf(err, errlen, "cuBLASLt setup failed (fp8 gemm)");
-  if (la) b->api->MatrixLayoutDestroy(la);
-  if (lb) b->api->MatrixLayoutDestroy(lb);
-  if (lc) b->api->MatrixLayoutDestroy(lc);
-  if (desc) b->api->MatmulDescDestroy(desc);
-  return rc;
+  return finish(b, rc, desc, la, lb, lc, "cuBLASLt setup failed (fp8 gemm)", err, errlen);
 }
