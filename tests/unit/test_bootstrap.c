@@ -14,6 +14,7 @@
 
 #include "bootstrap.h"
 #include "check.h"
+#include "comm_test.h"
 
 static void set_env(const char *world, const char *rank, const char *addr, const char *port) {
   const char *names[4] = {"WORLD_SIZE", "RANK", "MASTER_ADDR", "MASTER_PORT"}, *vals[4] = {world, rank, addr, port};
@@ -31,24 +32,6 @@ static void expect(const char *world, const char *rank, const char *addr, const 
   CHECK(rc == rc_want, "WORLD_SIZE=%s RANK=%s MASTER_ADDR=%s MASTER_PORT=%s: got %d, want %d (%s)", world ? world : "-",
         rank ? rank : "-", addr ? addr : "-", port ? port : "-", rc, rc_want, err);
   if (want) CHECK(strstr(err, want) != NULL, "message '%s' lacks '%s'", err, want);
-}
-
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static int free_port(void) {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  struct sockaddr_in a = {0};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof a;
-  bind(fd, (struct sockaddr *)&a, sizeof a);
-  getsockname(fd, (struct sockaddr *)&a, &len);
-  close(fd);
-  return ntohs(a.sin_port);
 }
 
 static unsigned char blob[BOOT_BLOB_MAX];

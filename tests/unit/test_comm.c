@@ -9,8 +9,7 @@
 #include "comm.h"
 
 #define NV 1000
-static float data[16][NV];
-static int32_t idata[16][NV];
+#include "comm_test.h"
 
 typedef struct {
   comm_world *w;
@@ -18,20 +17,6 @@ typedef struct {
   int rc_timeout;
   char err[512];
 } targ;
-
-static uint64_t rng(uint64_t *s) {
-  *s = *s * 6364136223846793005ull + 1442695040888963407ull;
-  return *s >> 33;
-}
-
-static void fill(void) {
-  uint64_t s = 7;
-  for (int r = 0; r < 16; r++)
-    for (int i = 0; i < NV; i++) {
-      data[r][i] = (float)((double)rng(&s) / 2147483648.0 - 1.0) * 1e3f;
-      idata[r][i] = (int32_t)(rng(&s) % 1000) - 500;
-    }
-}
 
 /* bytes rank `from` sends to rank `to` in the all-to-all test */
 static size_t a2a_bytes(int from, int to) { return (size_t)((from * 7 + to * 3) % 5) * 4; }

@@ -19,42 +19,9 @@
 #include "comm.h"
 
 #define NV 3000 /* > a socket buffer's worth for the 4 KiB+ frames of all_gather below */
-static float data[16][NV];
-static int32_t idata[16][NV];
+#include "comm_test.h"
 
 enum { NORMAL, SKIP, DEAD, ABORT, MISMATCH };
-
-static uint64_t rng(uint64_t *s) {
-  *s = *s * 6364136223846793005ull + 1442695040888963407ull;
-  return *s >> 33;
-}
-
-static void fill(void) {
-  uint64_t s = 7;
-  for (int r = 0; r < 16; r++)
-    for (int i = 0; i < NV; i++) {
-      data[r][i] = (float)((double)rng(&s) / 2147483648.0 - 1.0) * 1e3f;
-      idata[r][i] = (int32_t)(rng(&s) % 1000) - 500;
-    }
-}
-
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static int free_port(void) {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  struct sockaddr_in a = {0};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof a;
-  bind(fd, (struct sockaddr *)&a, sizeof a);
-  getsockname(fd, (struct sockaddr *)&a, &len);
-  close(fd);
-  return ntohs(a.sin_port);
-}
 
 static size_t a2a_bytes(int from, int to) { return (size_t)((from * 7 + to * 3) % 5) * 4 * 500; }
 
