@@ -117,9 +117,10 @@ int gpu_fp8_plan_new(const ir_graph *g, int enabled, int *last_use, gpu_fp8_plan
   }
   for (int i = 0; i < g->n_outputs; i++)
     if (g->nodes[g->outputs[i]].op == OP_MXFP8_QUANTIZE) p->values[g->outputs[i]] = 1;
-  /* the packed quantize lives as long as the readers of its skipped dequantizes */
+  /* a packed quantize lives as long as the readers of its dequantizes (the sites read its
+     packed form, whether or not the dequantize also writes values for another reader) */
   for (int id = 0; id < g->n_nodes; id++)
-    if (p->skip[id]) {
+    if (g->nodes[id].op == OP_MXFP8_DEQUANTIZE && p->kind[g->nodes[id].in[0]] != FP8_NONE) {
       int q = g->nodes[id].in[0];
       if (last_use[id] > last_use[q]) last_use[q] = last_use[id];
     }

@@ -37,7 +37,7 @@ typedef struct {
 } gpu_fp8_plan;
 
 /* Fills p for g (all zero when !enabled: no FP8 anywhere); a packed quantize lives until
- * the last reader of its skipped dequantizes (last_use updated). -1: out of memory. */
+ * the last reader of its dequantizes (last_use updated). -1: out of memory. */
 int gpu_fp8_plan_new(const ir_graph *g, int enabled, int *last_use, gpu_fp8_plan *p);
 void gpu_fp8_plan_free(gpu_fp8_plan *p);
 /* The packed kind that input k of a node of op `op` takes in FP8, FP8_NONE if none. */

@@ -48,6 +48,12 @@ static void test_block128(void) {
     grouped += is_grouped;
     sites += p.site[id];
     CHECK(!p.site[id] || is_grouped, "%%%d (%s) is an FP8 site", id, ir_ops[n->op].name);
+    for (int k = 0; p.site[id] && k < n->n_in; k++) /* the packed operands outlive the site */
+      if (gpu_fp8_operand_kind(n->op, k) != FP8_NONE) {
+        int q = g->nodes[n->in[k]].in[0];
+        CHECK(p.kind[q] == gpu_fp8_operand_kind(n->op, k), "%%%d: operand %d's quantize %%%d packs kind %d", id, k, q, p.kind[q]);
+        CHECK(last[q] >= id, "%%%d reads the packed %%%d, freed after %%%d", id, q, last[q]);
+      }
     if (n->op == OP_MXFP8_DEQUANTIZE && p.skip[id]) {
       skipped++;
       int q = n->in[0];
