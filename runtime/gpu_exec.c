@@ -27,7 +27,7 @@ typedef struct {
   int wb_fresh;
 } dev_param;
 
-#define POOL_CLASSES (4 * 48) /* four classes per power of two, up to 2^48 bytes */
+#define POOL_CLASSES 48
 struct gpu_runtime {
   gpu_ctx *g;
   rt_cuda *k;
@@ -38,17 +38,14 @@ struct gpu_runtime {
   struct {
     gpu_ptr *free;
     int n, cap;
-  } pool[POOL_CLASSES]; /* free buffers of class_bytes(c) bytes */
+  } pool[POOL_CLASSES]; /* free buffers of 2^c bytes */
   size_t pooled;        /* bytes of the free buffers above: held by us, in use by nothing */
   char device[320];
 };
 
-/* Size classes 2^e (1 + q/4), q = 1..4: a request rounds up by at most 25% (powers of two
- * alone wasted up to half of a large activation, a third of the step's memory on average). */
-static size_t class_bytes(int c) { return ((size_t)1 << (c / 4)) / 4 * (size_t)(4 + c % 4 + 1); }
 static int pool_class(size_t bytes) {
-  int c = 4 * 8 - 1; /* 256 B at least */
-  while (c < POOL_CLASSES - 1 && class_bytes(c) < bytes) c++;
+  int c = 8; /* 256 B at least */
+  while (c < POOL_CLASSES - 1 && ((size_t)1 << c) < bytes) c++;
   return c;
 }
 
@@ -56,17 +53,17 @@ static int pool_get(gpu_runtime *rt, size_t bytes, gpu_ptr *p) {
   int c = pool_class(bytes);
   if (rt->pool[c].n > 0) {
     *p = rt->pool[c].free[--rt->pool[c].n];
-    rt->pooled -= class_bytes(c);
+    rt->pooled -= (size_t)1 << c;
     return 0;
   }
-  if (gpu_alloc(rt->g, p, class_bytes(c), "activations") == 0) return 0;
+  if (gpu_alloc(rt->g, p, (size_t)1 << c, "activations") == 0) return 0;
   /* out of memory: give the cached buffers back and try once more */
   for (int i = 0; i < POOL_CLASSES; i++) {
     for (int j = 0; j < rt->pool[i].n; j++) gpu_free(rt->g, rt->pool[i].free[j]);
     rt->pool[i].n = 0;
   }
   rt->pooled = 0;
-  return gpu_alloc(rt->g, p, class_bytes(c), "activations");
+  return gpu_alloc(rt->g, p, (size_t)1 << c, "activations");
 }
 
 static void pool_put(gpu_runtime *rt, gpu_ptr p, size_t bytes) {
@@ -82,7 +79,7 @@ static void pool_put(gpu_runtime *rt, gpu_ptr p, size_t bytes) {
     rt->pool[c].cap = cap;
   }
   rt->pool[c].free[rt->pool[c].n++] = p;
-  rt->pooled += class_bytes(c);
+  rt->pooled += (size_t)1 << c;
 }
 
 gpu_runtime *gpu_runtime_new(rt_params *ps, const char *dump_dir, char *err, size_t errlen) {
