@@ -129,6 +129,8 @@ static int compare(const char *path, const moec_set *sets, int n_sets, int fused
 }
 
 int main(void) {
+  setvbuf(stdout, NULL, _IOLBF, 0); /* each configuration's line survives a run cut short */
+  setvbuf(stderr, NULL, _IOLBF, 0);
   char err[512];
   int n = 0;
   if (gpu_driver_load(err, sizeof err) != 0 || gpu_device_count(&n, err, sizeof err) != 0 || n == 0) {
