@@ -331,8 +331,8 @@ static int cmd_train(int argc, char **argv) {
   if (multi) c.train.cuda = 0;
   /* on the GPU the naive experts are faster for now (the fused ops run cuBLASLt per expert and
    * copy weights and slices around them; issue 6's grouped kernel changes that): the step keeps
-   * them unless --passes names the passes (group-linear, grouped-mlp, and mxfp8, whose e4m3
-   * values the GPU keeps as their exact values, at bf16 GEMM speed) */
+   * them unless --passes names the passes (group-linear, grouped-mlp, and mxfp8: FP8 expert
+   * GEMMs with mxfp8(block = 128) on Hopper, else its exact values through bf16 GEMMs) */
   char gpu_disable[1024];
   if (c.train.cuda && !c.pipe.passes) {
     snprintf(gpu_disable, sizeof gpu_disable, "%s%sgroup-linear,grouped-mlp,mxfp8", c.pipe.disable ? c.pipe.disable : "",
