@@ -239,8 +239,12 @@ static int fail(gx *x, int id, const char *fmt, ...) {
 
 static int ck(gx *x, int id, int rc) { return rc == 0 ? 0 : fail(x, id, "%s", rt_cuda_error(KX)); }
 
-static cg_dtype cdt(ir_dtype t) { return t == DT_BF16 ? CG_DT_BF16 : CG_DT_F32; }
-static size_t dsize(ir_dtype t) { return t == DT_BF16 ? 2 : 4; }
+/* Storage of an IR dtype. An e4m3 value (an mxfp8_quantize result) is kept as the exact values
+ * its E4M3 elements and E8M0 scales encode, in bf16: 3 mantissa bits fit in 7, and the scale
+ * is a power of two (exact unless a block's values fall below bf16's smallest subnormal,
+ * 2^-133, i.e. a block amax under about 2^-124), at half the bytes of f32. */
+static cg_dtype cdt(ir_dtype t) { return t == DT_BF16 || t == DT_E4M3 ? CG_DT_BF16 : CG_DT_F32; }
+static size_t dsize(ir_dtype t) { return t == DT_BF16 || t == DT_E4M3 ? 2 : 4; }
 static cg_dtype DT(gx *x, int v) { return cdt(x->g->nodes[v].type.dtype); }
 
 /* The result of id, rows rows (and `slack` more allocated, unused: an FP8 GEMM's 16-row blocks
@@ -1081,10 +1085,10 @@ static int exec_GROUPED_MLP_BWD(gx *x, int id) {
                                            F));
 }
 
-/* MXFP8 (the mxfp8 pass): an e4m3 value is kept, as on the CPU, as the exact f32 values its
- * E4M3 elements and E8M0 scales encode (quantize-dequantize along the op's axis); the GEMMs
- * then read it through mxfp8_dequantize in bf16. Numerically MXFP8, with bf16 GEMM speed:
- * FP8 tensor-core GEMMs are issue 6's grouped kernel. */
+/* MXFP8 (the mxfp8 pass): an e4m3 value is kept, as on the CPU, as the exact values its
+ * E4M3 elements and E8M0 scales encode (quantize-dequantize along the op's axis; stored in
+ * bf16, see cdt); the GEMMs then read it through mxfp8_dequantize in bf16, except where
+ * the FP8 plan (gpu_fp8.h) packs it for FP8 GEMMs instead. */
 static int exec_MXFP8_QUANTIZE(gx *x, int id) {
   const dev_value *a = V(id, 0);
   const ir_type *t = &N(id)->type;
