@@ -8,6 +8,7 @@
 #   fused    genos_1b bf16 and mxfp8 on the fused pipeline (reuses the peer)    [300 s]
 #   og2      og2_8x1b bf16 naive + peer                                         [240 s]
 #   fp8      genos_1b mxfp8(block=128) fused: FP8 expert GEMMs, then MOEC_FP8_GEMM=0 [300 s]
+#   fp8prof  genos_1b mxfp8(block=128) fused with MOEC_PROFILE=1 (reuses genos's peer) [150 s]
 #   ggemm    bench/grouped_gemm.sh: expert GEMMs bf16 / fp8 vs torch._grouped_mm [150 s]
 # Everything is written to $OUT as it runs (session.log, and the logs of each part under
 # $OUT/logs), so a call cut short still brings back what it did.
@@ -53,9 +54,13 @@ for part in "${parts[@]}"; do
     peer_from "$L/genos" "$L/fp8"; peer_from "$L/genos" "$L/fp8_off"
     bench LOGDIR=$L/fp8 PEER_SKIP=1 PRECISION='mxfp8(block=128)' MOEC_ARGS=$FUSED_MX timeout 150 bash bench/run_bench.sh genos_1b
     bench LOGDIR=$L/fp8_off PEER_SKIP=1 PRECISION='mxfp8(block=128)' MOEC_ARGS=$FUSED_MX MOEC_FP8_GEMM=0 timeout 150 bash bench/run_bench.sh genos_1b ;;
+  fp8prof)
+    peer_from "$L/genos" "$L/fp8prof"
+    bench LOGDIR=$L/fp8prof PEER_SKIP=1 PRECISION='mxfp8(block=128)' MOEC_ARGS=$FUSED_MX MOEC_PROFILE=1 timeout 150 bash bench/run_bench.sh genos_1b
+    grep -A30 "GPU profile" "$L/fp8prof/moec_genos_1b.out" | head -30 ;;
   ggemm)
     BENCH=$C/bench_grouped_gemm timeout 150 bash bench/grouped_gemm.sh 20 "$L/ggemm" ;;
-  *) echo "unknown part '$part' (kernels step genos profile fused fp8 og2 ggemm)" ;;
+  *) echo "unknown part '$part' (kernels step genos profile fused fp8 fp8prof og2 ggemm)" ;;
   esac
 done
 echo "== done ($(date -u +%H:%M:%S))"
