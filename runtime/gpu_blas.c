@@ -334,7 +334,8 @@ int gpu_gemm_fp8(gpu_blas *b, int64_t m, int64_t n, int64_t k, gpu_ptr A, gpu_pt
       !(lc = layout(b, C->dtype, n, m, C->ld, 1, 0)))
     goto done;
   {
-    int64_t key[12] = {pow2_at_least(m), n, k, 1000 /* fp8 */, C->dtype, 0, 1, k, k, C->ld, 1, 0};
+    /* k bucketed too: the weight gradient's k is an expert's padded row count, new every step */
+    int64_t kb = pow2_at_least(k), key[12] = {pow2_at_least(m), n, kb, 1000 /* fp8 */, C->dtype, 0, 1, kb, kb, C->ld, 1, 0};
     lt_call call = {desc, la, lb, lc, (const void *)(uintptr_t)B, (const void *)(uintptr_t)A, (void *)(uintptr_t)C->p,
                     1.0f, 0.0f};
     const int64_t mnk[3] = {m, n, k};

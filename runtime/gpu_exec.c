@@ -241,8 +241,9 @@ static int ck(gx *x, int id, int rc) { return rc == 0 ? 0 : fail(x, id, "%s", rt
 
 /* Storage of an IR dtype. An e4m3 value (an mxfp8_quantize result) is kept as the exact values
  * its E4M3 elements and E8M0 scales encode, in bf16: 3 mantissa bits fit in 7, and the scale
- * is a power of two (exact unless a block's values fall below bf16's smallest subnormal,
- * 2^-133, i.e. a block amax under about 2^-124), at half the bytes of f32. */
+ * is a power of two (exact unless the block's scale is below 2^-124, where its smallest E4M3
+ * steps fall under bf16's smallest subnormal, 2^-133: a block amax under about 2^-116), at
+ * half the bytes of f32. */
 static cg_dtype cdt(ir_dtype t) { return t == DT_BF16 || t == DT_E4M3 ? CG_DT_BF16 : CG_DT_F32; }
 static size_t dsize(ir_dtype t) { return t == DT_BF16 || t == DT_E4M3 ? 2 : 4; }
 static cg_dtype DT(gx *x, int v) { return cdt(x->g->nodes[v].type.dtype); }
@@ -849,6 +850,19 @@ static int pool_buf(gx *x, int id, size_t bytes, gpu_ptr *p) {
   return pool_get(x->rt, bytes ? bytes : 4, p) != 0 ? fail(x, id, "%s", gpu_error(x->rt->g)) : 0;
 }
 
+/* val[id].q8 (q8 bytes) and .s8 (s8 bytes) from the pool; on failure neither is held. */
+static int packed_bufs(gx *x, int id, size_t q8, size_t s8) {
+  dev_value *v = &x->val[id];
+  if (pool_buf(x, id, q8, &v->q8)) return -1;
+  if (pool_buf(x, id, s8, &v->s8)) {
+    pool_put(x->rt, v->q8, q8);
+    v->q8 = 0;
+    return -1;
+  }
+  v->q8_bytes = q8, v->s8_bytes = s8;
+  return 0;
+}
+
 /* The quantize behind input k of FP8 site id (input k is its dequantize). */
 #define QOF(id, k) (N(N(id)->in[k])->in[0])
 
@@ -863,14 +877,12 @@ static int fp8_pack(gx *x, int id) {
   int kind = x->fp8.kind[id];
   if (kind == FP8_ROWS) { /* (S, K): E4M3 as is, E8M0 codes; the reader lays the scales out per expert */
     int64_t S = a->rows, K = COLS(id);
-    v->q8_bytes = (size_t)((S + 16) * K), v->s8_bytes = (size_t)(S * K / block); /* 16 rows of slack (gpu_fp8.h) */
-    if (pool_buf(x, id, v->q8_bytes, &v->q8) || pool_buf(x, id, v->s8_bytes, &v->s8)) return -1;
+    if (packed_bufs(x, id, (size_t)((S + 16) * K), (size_t)(S * K / block))) return -1; /* 16 rows of slack (gpu_fp8.h) */
     return ck(x, id, rt_cuda_mxfp8_quantize(KX, t, a->p, S, K, block, 1, v->q8, v->s8));
   }
   if (kind == FP8_COLS) { /* (S, C) by expert: transposed, padded expert blocks with f32 scales */
     int64_t S = a->rows, C = COLS(id), E = DIMOF(id, 1, 0);
-    v->q8_bytes = (size_t)(C * (S + 128 * E)), v->s8_bytes = (size_t)(C * (S / 128 + E)) * 4;
-    if (pool_buf(x, id, v->q8_bytes, &v->q8) || pool_buf(x, id, v->s8_bytes, &v->s8)) return -1;
+    if (packed_bufs(x, id, (size_t)(C * (S + 128 * E)), (size_t)(C * (S / 128 + E)) * 4)) return -1;
     return ck(x, id, rt_cuda_mxfp8_quantize_cols_experts(KX, t, a->p, S, C, V(id, 1)->p, E, v->q8, v->s8));
   }
   /* weights (E, A, B): W_IN along A -> (E, B, A) transposed; W_OUT along B -> as is. Then the
@@ -879,8 +891,8 @@ static int fp8_pack(gx *x, int id) {
   int64_t N_ = kind == FP8_W_IN ? B : A, K = kind == FP8_W_IN ? A : B;
   size_t codes_bytes = (size_t)(E * N_ * K / block);
   gpu_ptr codes = 0;
-  v->q8_bytes = (size_t)(E * N_ * K), v->s8_bytes = (size_t)(E * fp8_scale_floats(fp8_rows(N_), K)) * 4;
-  if (pool_buf(x, id, v->q8_bytes, &v->q8) || pool_buf(x, id, v->s8_bytes, &v->s8) || pool_buf(x, id, codes_bytes, &codes))
+  if (packed_bufs(x, id, (size_t)(E * N_ * K), (size_t)(E * fp8_scale_floats(fp8_rows(N_), K)) * 4) ||
+      pool_buf(x, id, codes_bytes, &codes))
     return -1;
   int rc = 0;
   if (kind == FP8_W_IN)
@@ -1021,18 +1033,22 @@ static int exec_GROUPED_MLP(gx *x, int id) {
             sfa = 0;
     size_t act_bytes = (size_t)(S * F) * dsize(N(id)->type.dtype) + 4, qa_bytes = (size_t)((S + 16) * F),
            ca_bytes = (size_t)(S * F / mx_block) + 4, sfa_bytes = (size_t)((S + 16 * E) * (F / 128) + 4 * E) * 4;
-    if (pool_buf(x, id, act_bytes, &act) || pool_buf(x, id, qa_bytes, &qa) || pool_buf(x, id, ca_bytes, &ca) ||
-        pool_buf(x, id, sfa_bytes, &sfa))
-      return -1;
+    int rc = pool_buf(x, id, act_bytes, &act) || pool_buf(x, id, qa_bytes, &qa) || pool_buf(x, id, ca_bytes, &ca) ||
+                     pool_buf(x, id, sfa_bytes, &sfa)
+                 ? -1
+                 : 0;
     char e_[512];
-    int rc = fp8_site_gemm(x, id, 0, 1, E, cnt, counts, 2 * F, H, to, gu, W);
+    if (rc == 0) rc = fp8_site_gemm(x, id, 0, 1, E, cnt, counts, 2 * F, H, to, gu, W);
     if (rc == 0) rc = ck(x, id, rt_cuda_mlp_act(KX, to, gu, W, V(id, 4)->p, act, S, F));
     if (rc == 0) rc = ck(x, id, rt_cuda_mxfp8_quantize(KX, to, act, S, F, mx_block, 1, qa, ca));
     if (rc == 0) rc = ck(x, id, rt_cuda_mxfp8_scales_vec128(KX, ca, S, F, mx_block, counts, E, 0, sfa));
     const dev_value *qd = &x->val[QOF(id, 2)];
     if (rc == 0 && gpu_fp8_grouped_gemm(x->rt->blas, cnt, E, H, F, qa, sfa, qd->q8, qd->s8, to, x->val[id].p, W, e_, sizeof e_))
       rc = fp8_fail(x, id, e_);
-    pool_put(x->rt, act, act_bytes), pool_put(x->rt, qa, qa_bytes), pool_put(x->rt, ca, ca_bytes), pool_put(x->rt, sfa, sfa_bytes);
+    if (act) pool_put(x->rt, act, act_bytes); /* those obtained; stream order keeps them for the queued work */
+    if (qa) pool_put(x->rt, qa, qa_bytes);
+    if (ca) pool_put(x->rt, ca, ca_bytes);
+    if (sfa) pool_put(x->rt, sfa, sfa_bytes);
     return rc;
   }
   if (grouped_blas(x, tx, tw) && to == tw) {
@@ -1163,9 +1179,10 @@ gpu_exec *gpu_exec_new(gpu_runtime *rt, const ir_graph *g, char *err, size_t err
   x->prof = gpu_profile_from_env(rt->g, g);
   const char *gg = getenv("MOEC_GROUPED_GEMM");
   x->grouped_device = gg && strcmp(gg, "device") == 0;
-  /* FP8 expert GEMMs (mxfp8(block = 128) on sm_90 and newer; MOEC_FP8_GEMM=0 keeps bf16) */
+  /* FP8 expert GEMMs (mxfp8(block = 128) on sm_90; MOEC_FP8_GEMM=0 keeps bf16) */
   const char *f8 = getenv("MOEC_FP8_GEMM");
-  int fp8_on = !(f8 && strcmp(f8, "0") == 0) && !x->grouped_device && gpu_info(rt->g)->cc_major >= 9;
+  /* Hopper only: sm_100 has native MX block scaling (VEC32_UE8M0), untested here */
+  int fp8_on = !(f8 && strcmp(f8, "0") == 0) && !x->grouped_device && gpu_info(rt->g)->cc_major == 9;
   if (gpu_fp8_plan_new(g, fp8_on, x->last_use, &x->fp8) != 0) {
     snprintf(err, errlen, "out of host memory");
     gpu_exec_free(x);
@@ -1251,6 +1268,9 @@ int gpu_exec_run(gpu_exec *x, const int32_t *tokens, const int32_t *labels, int6
       for (int j = 0; j < g->nodes[id].n_in; j++) {
         int v = g->nodes[id].in[j];
         if (x->last_use[v] == id) release(x, &x->val[v]);
+        /* a packed quantize lives until the FP8 site that reads it through this dequantize */
+        if (g->nodes[v].op == OP_MXFP8_DEQUANTIZE && x->last_use[g->nodes[v].in[0]] == id)
+          release(x, &x->val[g->nodes[v].in[0]]);
       }
   }
   if (rc == 0) {

@@ -64,9 +64,14 @@ static fp8_kind quant_kind(const ir_graph *g, int q) {
   const ir_node *n = &g->nodes[q];
   if (n->op != OP_MXFP8_QUANTIZE || !ir_get_int(n, "share128", 0)) return FP8_NONE;
   int rank = n->type.rank, axis = (int)ir_get_int(n, "axis", 0), counts = n->n_in == 2;
-  if (rank == 2 && axis == 0 && counts) return FP8_COLS;
-  if (counts || axis >= rank || n->type.dims[axis] % 128 != 0) return FP8_NONE;
-  return rank == 2 && axis == 1 ? FP8_ROWS : rank == 3 && axis == 1 ? FP8_W_IN : rank == 3 && axis == 2 ? FP8_W_OUT : FP8_NONE;
+  /* cuBLASLt's FP8 GEMM wants K a multiple of 128 and the other sizes of 16 (gpu_gemm_fp8) */
+  const int64_t *d = n->type.dims;
+  if (rank == 2 && axis == 0 && counts) return d[1] % 16 == 0 ? FP8_COLS : FP8_NONE;
+  if (counts || axis >= rank || d[axis] % 128 != 0) return FP8_NONE;
+  if (rank == 2 && axis == 1) return FP8_ROWS;
+  if (rank == 3 && axis == 1 && d[2] % 16 == 0) return FP8_W_IN;
+  if (rank == 3 && axis == 2 && d[1] % 16 == 0) return FP8_W_OUT;
+  return FP8_NONE;
 }
 
 static int is_site(const ir_graph *g, int id) {

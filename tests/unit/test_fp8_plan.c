@@ -61,6 +61,16 @@ static void test_block128(void) {
       CHECK(last[q] >= before[id], "quantize %%%d is freed (after %%%d) before the reader of %%%d (%%%d)", q, last[q], id,
             before[id]);
     }
+    if (n->op == OP_MXFP8_QUANTIZE && p.kind[id] != FP8_NONE && last[id] < g->n_nodes) {
+      /* the executor frees a value at its last use only where that node reads it, directly or
+         through a dequantize of it (gpu_exec_run) */
+      const ir_node *u = &g->nodes[last[id]];
+      int reads = 0;
+      for (int k = 0; k < u->n_in; k++)
+        reads |= u->in[k] == id || (g->nodes[u->in[k]].op == OP_MXFP8_DEQUANTIZE && g->nodes[u->in[k]].in[0] == id);
+      CHECK(reads, "packed %%%d's last use %%%d (%s) does not read it: it would never be freed", id, last[id],
+            ir_ops[u->op].name);
+    }
     if (n->op == OP_MXFP8_QUANTIZE) {
       const char *role = ir_get_str(n, "role", "");
       if (strstr(role, "saved")) saved++, saved_values += p.values[id];
