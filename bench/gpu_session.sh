@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call's worth of GPU checks and benchmarks, chosen by part (a device call has 600 s;
 # pick parts whose limits, in brackets, add up to less):
-#   kernels  test_gpu_kernels against the CPU                                   [150 s]
+#   kernels  test_gpu_kernels against the CPU, test_gpu_nccl (one-rank world)    [210 s]
 #   step     test_gpu_step: tiny and l0_sanity, 20 steps against the CPU        [240 s]
 #   genos    genos_1b bf16 naive + peer                                         [200 s]
 #   profile  genos_1b bf16 naive with MOEC_PROFILE=1 (reuses genos's peer)      [120 s]
@@ -34,7 +34,8 @@ for part in "${parts[@]}"; do
   case $part in
   kernels)
     timeout 150 "$C/test_gpu_kernels" >"$L/kernels.log" 2>&1; echo "rc $?"
-    grep -i "fail\|algorithm cache" "$L/kernels.log" | head -12; tail -1 "$L/kernels.log" ;;
+    grep -i "fail\|algorithm cache" "$L/kernels.log" | head -12; tail -1 "$L/kernels.log"
+    timeout 60 "$C/test_gpu_nccl" 2>&1 | tail -3 ;;
   step)
     timeout 240 "$C/test_gpu_step" >"$L/step.log" 2>&1; echo "rc $?"
     grep "worst loss\|fail\|between steps" "$L/step.log" | head -16 ;;

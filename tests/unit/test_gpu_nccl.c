@@ -1,0 +1,75 @@
+/* test_gpu_nccl.c -- NCCL loaded at run time (gpu_nccl.h): where the library is present it
+ * loads and reports its version (no GPU needed); on a GPU, a world of one rank: a unique id,
+ * a communicator, all_reduce_sum of f32 and bf16 buffers (a one-rank sum: the values
+ * unchanged, bit for bit), and all_to_all_v to itself with an offset (the bytes moved). More
+ * ranks need more GPUs (issue 8). Skips, and passes, without NCCL or without a GPU. */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "runtime/gpu_nccl.h"
+
+int main(void) {
+  char err[1024];
+  int version = 0;
+  if (gpu_nccl_load(&version, err, sizeof err) != 0) {
+    CHECK(strstr(err, "libnccl") != NULL, "load failure without naming the library: %s", err);
+    printf("SKIP: %s\n", err);
+    return failures != 0;
+  }
+  CHECK(version >= 20700, "NCCL version %d", version);
+  printf("NCCL %d.%d.%d loaded\n", version / 10000, version / 100 % 100, version % 100);
+  int ndev = 0;
+  if (gpu_driver_load(err, sizeof err) != 0 || gpu_device_count(&ndev, err, sizeof err) != 0 || ndev == 0) {
+    printf("SKIP: no CUDA driver/GPU (%s): the one-rank world runs on the H200\n", err[0] ? err : "no device");
+    return failures != 0;
+  }
+  gpu_ctx *g = gpu_open(0, err, sizeof err);
+  if (!g) {
+    printf("FAIL: %s\n", err);
+    return 1;
+  }
+  gpu_nccl_id id;
+  gpu_nccl *c = NULL;
+  CHECK(gpu_nccl_unique_id(&id, err, sizeof err) == 0, "unique id: %s", err);
+  CHECK((c = gpu_nccl_new(g, 1, 0, &id, err, sizeof err)) != NULL, "communicator: %s", err);
+  CHECK(gpu_nccl_new(g, 1, 1, &id, err, sizeof err) == NULL && strstr(err, "rank 1 of 1"), "rank 1 of 1 accepted: %s", err);
+  if (c) {
+    enum { N = 4099 };
+    uint32_t *x = malloc(N * 4), *y = malloc(N * 4);
+    uint64_t s = 12345;
+    for (int i = 0; i < N; i++) {
+      s = s * 6364136223846793005ull + 1442695040888963407ull;
+      float f = (float)((double)(s >> 11) / 9007199254740992.0 * 2.0 - 1.0) * 100.0f;
+      memcpy(&x[i], &f, 4);
+    }
+    gpu_ptr d = 0, d2 = 0;
+    CHECK(gpu_alloc(g, &d, N * 4, "a test buffer") == 0 && gpu_alloc(g, &d2, N * 4 + 64, "a test buffer") == 0, "alloc");
+    for (int t = 0; t < 2; t++) { /* f32, then the same bytes as 2N bf16 */
+      gpu_upload(g, d, x, N * 4);
+      CHECK(gpu_nccl_all_reduce_sum(c, d, t ? 2 * (N / 2) : N, t ? CG_DT_BF16 : CG_DT_F32, err, sizeof err) == 0,
+            "all_reduce: %s", err);
+      CHECK(gpu_download(g, y, d, N * 4) == 0, "download: %s", gpu_error(g));
+      CHECK(memcmp(x, y, (t ? 2 * (N / 2) * 2 : N * 4)) == 0, "one-rank all_reduce_sum (%s) changed the values",
+            t ? "bf16" : "f32");
+    }
+    size_t so = 8, sb = 1000 * 4, ro = 64, rb = 1000 * 4;
+    gpu_upload(g, d, x, N * 4);
+    CHECK(gpu_nccl_all_to_all_v(c, d, &so, &sb, d2, &ro, &rb, err, sizeof err) == 0, "all_to_all_v: %s", err);
+    CHECK(gpu_download(g, y, d2 + 64, 1000 * 4) == 0, "download: %s", gpu_error(g));
+    CHECK(memcmp(y, x + 2, 1000 * 4) == 0, "all_to_all_v to itself moved the wrong bytes");
+    gpu_free(g, d), gpu_free(g, d2);
+    free(x), free(y);
+    gpu_nccl_free(c, 0);
+    printf("one-rank world on GPU 0: all_reduce_sum (f32, bf16) and all_to_all_v to itself\n");
+  }
+  gpu_close(g);
+  if (failures) {
+    printf("test_gpu_nccl: %d failures\n", failures);
+    return 1;
+  }
+  printf("test_gpu_nccl: ok\n");
+  return 0;
+}
