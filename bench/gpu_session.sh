@@ -10,6 +10,9 @@
 #   fp8      genos_1b mxfp8(block=128) fused: FP8 expert GEMMs, then MOEC_FP8_GEMM=0 [300 s]
 #   fp8prof  genos_1b mxfp8(block=128) fused with MOEC_PROFILE=1 (reuses genos's peer) [150 s]
 #   ggemm    bench/grouped_gemm.sh: expert GEMMs bf16 / fp8 vs torch._grouped_mm [150 s]
+#   chr20    l0_sanity on human chr20, STEPS20 (2000) steps, bf16 and mxfp8(block=128) side by
+#            side on the GPU; final validation losses and their ratio [300 s]. The genome is
+#            $C/chr20.fa.gz if the carry has it (scripts/fetch_data.sh, 18 MB), else the slice
 # Everything is written to $OUT as it runs (session.log, and the logs of each part under
 # $OUT/logs), so a call cut short still brings back what it did.
 #   here:  scripts/gpu_bundle.sh build --with-moec && cp -r build/gpu-carry .dev/carry &&
@@ -61,7 +64,25 @@ for part in "${parts[@]}"; do
     grep -A30 "GPU profile" "$L/fp8prof/moec_genos_1b.out" | head -30 ;;
   ggemm)
     BENCH=$C/bench_grouped_gemm timeout 150 bash bench/grouped_gemm.sh 20 "$L/ggemm" ;;
-  *) echo "unknown part '$part' (kernels step genos profile fused fp8 fp8prof og2 ggemm)" ;;
+  chr20)
+    D=$C/chr20.fa.gz
+    [ -f "$D" ] || D=data/chr20.fa.gz
+    [ -f "$D" ] || D=data/chr20_slice.fa.gz
+    echo "genome $D, ${STEPS20:-2000} steps"
+    for p in bf16 'mxfp8(block=128)'; do
+      tag=${p%%(*}
+      args=()
+      [ "$tag" = mxfp8 ] && args=("$FUSED_MX")
+      timeout 290 "$C/moec" train models/l0_sanity.moe --device cuda --data "$D" --steps "${STEPS20:-2000}" \
+        --set "precision=$p" --set val_every=250 --val-batches 64 --log "$L/chr20_$tag.jsonl" "${args[@]}" \
+        >"$L/chr20_$tag.out" 2>&1 &
+    done
+    wait
+    for tag in bf16 mxfp8; do grep "val_loss\|error" "$L/chr20_$tag.out" | tr '\r' '\n' | grep . | tail -3 | sed "s/^/$tag: /"; done
+    awk '/^done:/ {for (i = 1; i <= NF; i++) if ($i == "val_loss") v[FILENAME] = $(i + 1)}
+         END {b = v[ARGV[1]]; m = v[ARGV[2]]; if (b > 0 && m > 0) printf "final val_loss bf16 %s, mxfp8 %s, mxfp8/bf16 - 1 = %+.2f%%\n", b, m, 100 * (m / b - 1)}' \
+      "$L/chr20_bf16.out" "$L/chr20_mxfp8.out" ;;
+  *) echo "unknown part '$part' (kernels step genos profile fused fp8 fp8prof og2 ggemm chr20)" ;;
   esac
 done
 echo "== done ($(date -u +%H:%M:%S))"

@@ -445,11 +445,11 @@ int rt_cuda_mxfp8_quantize_cols(rt_cuda *k, cg_dtype t, gpu_ptr x, int64_t rows,
                                 int share128, gpu_ptr qt, gpu_ptr scale_t) {
   if (mx_check(k, "mxfp8_quantize_cols", rows, block, share128)) return -1;
   const cg_variant v = {(int)block, share128 != 0};
-  int64_t group = share128 ? 128 : block;
   char name[64];
   KN("mxfp8_quantize_cols", 1, t);
-  return rtk_launch(k, CG_FAM_MXFP8, &v, name, rtk_blocks(cols * (rows / group), CG_NT_MX), 1, CG_NT_MX,
-                    ARGS(&x, &qt, &scale_t, &rows, &cols));
+  /* tiles of 128 rows by 32 columns, one block each (cg_mxfp8.c) */
+  int64_t blocks = (cols + 31) / 32 * ((rows + 127) / 128);
+  return rtk_launch(k, CG_FAM_MXFP8, &v, name, (uint64_t)blocks, 1, CG_NT_MX, ARGS(&x, &qt, &scale_t, &rows, &cols));
 }
 
 int rt_cuda_mxfp8_dequantize(rt_cuda *k, cg_dtype t, gpu_ptr q, gpu_ptr scale, int64_t rows, int64_t cols,
@@ -477,6 +477,6 @@ int rt_cuda_mxfp8_quantize_cols_experts(rt_cuda *k, cg_dtype t, gpu_ptr x, int64
   int64_t units = S / 128 + E;
   char name[64];
   KN("mxfp8_quantize_cols_experts", 1, t);
-  return rtk_launch(k, CG_FAM_MXFP8, &v, name, rtk_blocks(C * units, CG_NT_MX), 1, CG_NT_MX,
-                    ARGS(&x, &qt, &sf, &C, &counts, &E, &units));
+  int64_t blocks = (C + 31) / 32 * units; /* one block a tile of 128 rows by 32 columns (cg_mxfp8.c) */
+  return rtk_launch(k, CG_FAM_MXFP8, &v, name, (uint64_t)blocks, 1, CG_NT_MX, ARGS(&x, &qt, &sf, &C, &counts, &E, &units));
 }
