@@ -1,5 +1,6 @@
 /* cg_loss.c -- token cross-entropy: deterministic partial sums and a final mean, the valid
- * label count, and the logits gradient, for f32 or bf16 logits. */
+ * label count, and the logits gradient, for f32 or bf16 logits; the label count and the share
+ * factor of data/expert parallelism. */
 #include "cg_family.h"
 
 static const char *const src =
@@ -82,6 +83,25 @@ static const char *const src =
     "  if (threadIdx.x == 0) *nvalid = c;\n"
     "}\n"
     "\n"
+    "// Data/expert parallelism (ck_label_count, ck_cross_entropy_share_*). n = labels >= 0\n"
+    "// (not masked), as a float: the operand the ranks all-reduce into the global count. One block.\n"
+    "__device__ void label_count(const int *labels, float *n, i64 nt) {\n"
+    "  __shared__ int sh[32];\n"
+    "  int c = 0;\n"
+    "  for (i64 t = threadIdx.x; t < nt; t += blockDim.x) c += labels[t] >= 0;\n"
+    "  c = block_sum(c, sh);\n"
+    "  if (threadIdx.x == 0) *n = (float)c;\n"
+    "}\n"
+    "\n"
+    "// out = in * (float)(nlocal / nglobal) (0 if nglobal <= 0): the local mean (or its incoming\n"
+    "// gradient) made this rank's share of the global mean. out may be in. One thread.\n"
+    "__device__ void ce_share(const float *in, const int *nlocal, const float *nglobal, float *out) {\n"
+    "  if (threadIdx.x != 0 || blockIdx.x != 0) return;\n"
+    "  const float ng = *nglobal;\n"
+    "  const float f = ng > 0.0f ? (float)((double)*nlocal / (double)ng) : 0.0f;\n"
+    "  *out = *in * f;\n"
+    "}\n"
+    "\n"
     "// dlogits = dloss (softmax - onehot) / nvalid, zero on masked rows; a warp per row.\n"
     "template <class T> __device__ void ce_bwd(const T *logits, const int *labels, const float *dloss, const int *nvalid, float *dlogits, i64 nt, i64 V) {\n"
     "  const int lane = threadIdx.x & 31;\n"
@@ -113,6 +133,9 @@ void cg_emit_loss(cg_buf *b, const cg_variant *v, int emu) {
            "ce_final", kv, emu);
   cg_entry(b, CG_NT_CE, "moec_ce_count", "const int *labels, int *nvalid, i64 nt, i64 V, int *err", "ce_count", kv,
            emu);
+  cg_entry(b, CG_NT_CE, "moec_label_count", "const int *labels, float *n, i64 nt", "label_count", kv, emu);
+  cg_entry(b, CG_NT_CE, "moec_ce_share", "const float *in, const int *nlocal, const float *nglobal, float *out",
+           "ce_share", kv, emu);
   for (int x = 0; x < CG_DT_COUNT; x++) {
     cg_dtype_kv(kv, (cg_dtype)x, (cg_dtype)x);
     cg_entry(b, CG_NT_CE, "moec_ce_partial_${x}",

@@ -130,8 +130,8 @@ static const char *const loss_src =
     "  const i64 t = (i64)blockIdx.x * blockDim.x + threadIdx.x;\n"
     "  bool on = t < nt;\n"
     "  const float *row = logits + (on ? t : 0) * E;\n"
-    "  const int *id = idx + (on ? t : 0) * k;\n"
-    "  if (on && !ids_ok(id, k, E)) {\n"
+    "  const int *id = idx ? idx + (on ? t : 0) * k : nullptr; // NULL: P only (the share form)\n"
+    "  if (on && id && !ids_ok(id, k, E)) {\n"
     "    raise_err(err, CK_EINDEX);\n"
     "    on = false;\n"
     "  }\n"
@@ -140,7 +140,7 @@ static const char *const loss_src =
     "  for (i64 e = 0; e < E; e++) {\n"
     "    double p = on ? (double)softmax_at(row, s, e) : 0.0;\n"
     "    int c = 0;\n"
-    "    if (on)\n"
+    "    if (on && id)\n"
     "      for (i64 j = 0; j < k; j++) c += id[j] == e;\n"
     "    p = block_sum(p, shd);\n"
     "    c = block_sum(c, shi);\n"
@@ -176,6 +176,46 @@ static const char *const loss_src =
     "// dlogits[t, e] += dloss p_e (a_e - sum_e' a_e' p_e') / T, p = softmax(row t).\n"
     "__device__ void aux_bwd(const float *logits, const double *a, const float *dloss, float *dlogits, i64 nt, i64 E) {\n"
     "  const double f = (double)*dloss / (double)nt;\n"
+    "  GRID_LOOP(t, nt) {\n"
+    "    const float *row = logits + t * E;\n"
+    "    float *dl = dlogits + t * E;\n"
+    "    const smx s = softmax_stats(row, E);\n"
+    "    double ap = 0.0;\n"
+    "    for (i64 e = 0; e < E; e++) ap += a[e] * softmax_at(row, s, e);\n"
+    "    for (i64 e = 0; e < E; e++) dl[e] += (float)(f * softmax_at(row, s, e) * (a[e] - ap));\n"
+    "  }\n"
+    "}\n"
+    "\n"
+    "// The share form (ck_aux_loss_share_*; data/expert parallelism): counts are the routes of all\n"
+    "// ranks (E ints), Tg = their sum / k the tokens of all ranks; P sums this rank's T rows.\n"
+    "// loss = coef E sum_e (c_e / Tg)(P_e / Tg); a[e] = c_e coef E / Tg, a[E] = Tg (the backward's\n"
+    "// constants, a has E + 1 values). loss and a may be NULL. One block.\n"
+    "__device__ void aux_final_share(const double *Ppart, i64 nb, i64 nt, const int *counts, i64 E, i64 k, float coef, float *loss, double *a) {\n"
+    "  __shared__ double P[MAX_E];\n"
+    "  for (i64 e = threadIdx.x; e < E; e += blockDim.x) {\n"
+    "    double p = 0.0;\n"
+    "    for (i64 b = 0; b < nb; b++) p += Ppart[b * E + e];\n"
+    "    P[e] = p;\n"
+    "  }\n"
+    "  __syncthreads();\n"
+    "  if (threadIdx.x != 0) return;\n"
+    "  double n = 0.0;\n"
+    "  for (i64 e = 0; e < E; e++) n += (double)counts[e];\n"
+    "  const double Tg = n / (double)k;\n"
+    "  const bool on = nt > 0 && Tg > 0.0;\n"
+    "  double s = 0.0;\n"
+    "  for (i64 e = 0; e < E && on; e++) s += ((double)counts[e] / Tg) * (P[e] / Tg);\n"
+    "  if (loss) *loss = on ? (float)((double)coef * (double)E * s) : 0.0f;\n"
+    "  if (a) {\n"
+    "    for (i64 e = 0; e < E; e++) a[e] = on ? (double)counts[e] * ((double)coef * (double)E / Tg) : 0.0;\n"
+    "    a[E] = on ? Tg : 0.0;\n"
+    "  }\n"
+    "}\n"
+    "\n"
+    "// dlogits[t, e] += dloss p_e (a_e - sum_e' a_e' p_e') / Tg with Tg = a[E]; nothing when Tg = 0.\n"
+    "__device__ void aux_bwd_share(const float *logits, const double *a, const float *dloss, float *dlogits, i64 nt, i64 E) {\n"
+    "  if (!(a[E] > 0.0)) return;\n"
+    "  const double f = (double)*dloss / a[E];\n"
     "  GRID_LOOP(t, nt) {\n"
     "    const float *row = logits + t * E;\n"
     "    float *dl = dlogits + t * E;\n"
@@ -243,6 +283,11 @@ void cg_emit_router(cg_buf *b, const cg_variant *v, int emu) {
        "aux_final"},
       {"moec_aux_bwd", "const float *logits, const double *a, const float *dloss, float *dlogits, i64 nt, i64 E",
        "aux_bwd"},
+      {"moec_aux_final_share",
+       "const double *Ppart, i64 nb, i64 nt, const int *counts, i64 E, i64 k, float coef, float *loss, double *a",
+       "aux_final_share"},
+      {"moec_aux_bwd_share", "const float *logits, const double *a, const float *dloss, float *dlogits, i64 nt, i64 E",
+       "aux_bwd_share"},
       {"moec_z_partial", "const float *logits, double *part, i64 nt, i64 E", "z_partial"},
       {"moec_z_final", "const double *part, i64 nb, i64 nt, float coef, float *loss", "z_final"},
       {"moec_z_bwd", "const float *logits, const float *dloss, float *dlogits, i64 nt, i64 E, float coef", "z_bwd"},

@@ -50,3 +50,27 @@ int ck_cross_entropy_bwd(const float *logits, const int32_t *labels, float dloss
   }
   return CK_OK;
 }
+
+int64_t ck_label_count(const int32_t *labels, int64_t T) {
+  int64_t n = 0;
+  for (int64_t t = 0; t < T; t++) n += labels[t] >= 0;
+  return n;
+}
+
+/* The factor that makes this rank's mean its share of the global mean, in float as the
+ * executors multiply by it. */
+static float share_of(const int32_t *labels, int64_t T, float n_global) {
+  return n_global > 0 ? (float)((double)ck_label_count(labels, T) / (double)n_global) : 0.0f;
+}
+
+int ck_cross_entropy_share_fwd(const float *logits, const int32_t *labels, float n_global, float *loss, int64_t T,
+                               int64_t V) {
+  int rc = ck_cross_entropy_fwd(logits, labels, loss, T, V);
+  if (rc == CK_OK) *loss *= share_of(labels, T, n_global);
+  return rc;
+}
+
+int ck_cross_entropy_share_bwd(const float *logits, const int32_t *labels, float n_global, float dloss,
+                               float *dlogits, int64_t T, int64_t V) {
+  return ck_cross_entropy_bwd(logits, labels, dloss * share_of(labels, T, n_global), dlogits, T, V);
+}

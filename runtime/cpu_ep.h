@@ -18,6 +18,16 @@ int64_t ep_rows(int P, int me, int64_t E, const int32_t *all, int reverse);
  * the rows of its experts grouped by local expert, then by source rank. Reverse: the other way. */
 int ep_exchange(comm *c, int64_t E, const int32_t *all, const float *x, int64_t C, int reverse, float *out, char *err,
                 size_t errlen);
+/* Rows that rank j sends to rank i in the forward exchange: j's rows of i's experts. */
+int64_t ep_seg(int64_t E, int P, const int32_t *all, int j, int i);
+/* The regrouping between the by-rank layout (segment j = rank j's rows of my experts, each
+ * sorted by local expert) and the by-expert one (local expert l's rows of rank 0, then 1, ...):
+ * block l * P + j (local expert l, source rank j) is n rows at row by_rank of the one and row
+ * by_expert of the other. blocks has E/P * P entries. */
+typedef struct {
+  int64_t by_rank, by_expert, n;
+} ep_block;
+void ep_blocks(int P, int me, int64_t E, const int32_t *all, ep_block *blocks);
 /* out (E/P) <- rows of each local expert summed over the EP group, in rank order. */
 void ep_local_counts(int P, int me, int64_t E, const int32_t *all, int32_t *out);
 

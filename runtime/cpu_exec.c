@@ -338,30 +338,20 @@ static int exec_ADD(ex *x, int id) {
   return 0;
 }
 
-/* With the global label count n (operand `k`): this rank's labels over n, the factor that makes
- * the local mean this rank's share of the global mean. */
-static float ce_share(ex *x, int id, int k, const rt_value *labels) {
-  if (N(id)->n_in <= k) return 1.0f;
-  int64_t local = 0;
-  for (int64_t t = 0; t < labels->rows; t++) local += labels->i[t] >= 0;
-  float n = IN(id, k)->f[0];
-  return n > 0 ? (float)((double)local / (double)n) : 0.0f;
-}
-
 static int exec_CROSS_ENTROPY(ex *x, int id) {
   const rt_value *l = IN(id, 0);
   if (alloc_out(x, id, 1, 0)) return -1;
-  if (check_ck(x, id, ck_cross_entropy_fwd(l->f, IN(id, 1)->i, x->val[id].f, l->rows, INCOLS(id, 0)))) return -1;
-  x->val[id].f[0] *= ce_share(x, id, 2, IN(id, 1));
-  return 0;
+  /* with the global label count (operand 2): this rank's share of the global mean */
+  if (N(id)->n_in == 3)
+    return check_ck(x, id, ck_cross_entropy_share_fwd(l->f, IN(id, 1)->i, IN(id, 2)->f[0], x->val[id].f, l->rows,
+                                                      INCOLS(id, 0)));
+  return check_ck(x, id, ck_cross_entropy_fwd(l->f, IN(id, 1)->i, x->val[id].f, l->rows, INCOLS(id, 0)));
 }
 
 static int exec_LABEL_COUNT(ex *x, int id) {
   const rt_value *lab = IN(id, 0);
   if (alloc_out(x, id, 1, 0)) return -1;
-  int64_t n = 0;
-  for (int64_t t = 0; t < lab->rows; t++) n += lab->i[t] >= 0;
-  x->val[id].f[0] = (float)n;
+  x->val[id].f[0] = (float)ck_label_count(lab->i, lab->rows);
   return 0;
 }
 
@@ -608,8 +598,10 @@ static int exec_COMBINE_BWD_W(ex *x, int id) {
 static int exec_CROSS_ENTROPY_BWD(ex *x, int id) {
   const rt_value *l = IN(id, 1);
   if (alloc_out(x, id, l->rows, 0)) return -1;
-  float dloss = IN(id, 0)->f[0] * ce_share(x, id, 3, IN(id, 2));
-  return check_ck(x, id, ck_cross_entropy_bwd(l->f, IN(id, 2)->i, dloss, x->val[id].f, l->rows, COLS(id)));
+  if (N(id)->n_in == 4)
+    return check_ck(x, id, ck_cross_entropy_share_bwd(l->f, IN(id, 2)->i, IN(id, 3)->f[0], IN(id, 0)->f[0], x->val[id].f,
+                                                      l->rows, COLS(id)));
+  return check_ck(x, id, ck_cross_entropy_bwd(l->f, IN(id, 2)->i, IN(id, 0)->f[0], x->val[id].f, l->rows, COLS(id)));
 }
 
 static int exec_PAD_COLS(ex *x, int id) {

@@ -249,6 +249,15 @@ int ck_cross_entropy_bwd(const float *logits,   /* (T, V) */
                          float dloss,
                          float *dlogits,        /* (T, V) */
                          int64_t T, int64_t V);
+/* Data/expert parallelism (docs/parallel.md): this rank's share of the mean over the labels of
+ * all ranks, n_global of them: the local mean times the float share (float)(n_local / n_global)
+ * (0 when n_global <= 0), the backward with dloss times that share. n_local = ck_label_count. */
+int ck_cross_entropy_share_fwd(const float *logits, const int32_t *labels, float n_global, float *loss, int64_t T,
+                               int64_t V);
+int ck_cross_entropy_share_bwd(const float *logits, const int32_t *labels, float n_global, float dloss,
+                               float *dlogits, int64_t T, int64_t V);
+/* Labels that count (not masked: >= 0) among T. */
+int64_t ck_label_count(const int32_t *labels, int64_t T);
 
 /* ================================ ck_optim.c ================================ */
 

@@ -103,6 +103,11 @@ int rt_cuda_aux_loss_fwd(rt_cuda *k, gpu_ptr logits, gpu_ptr idx, gpu_ptr loss, 
                          float coef);
 int rt_cuda_aux_loss_bwd(rt_cuda *k, gpu_ptr logits, gpu_ptr idx, gpu_ptr dloss, gpu_ptr dlogits, int64_t T,
                          int64_t E, int64_t kk, float coef);
+/* The share forms (data/expert parallelism): counts = i32 (E) routes of all ranks */
+int rt_cuda_aux_loss_share_fwd(rt_cuda *k, gpu_ptr logits, gpu_ptr counts, gpu_ptr loss, int64_t T, int64_t E,
+                               int64_t kk, float coef);
+int rt_cuda_aux_loss_share_bwd(rt_cuda *k, gpu_ptr logits, gpu_ptr counts, gpu_ptr dloss, gpu_ptr dlogits, int64_t T,
+                               int64_t E, int64_t kk, float coef);
 int rt_cuda_z_loss_fwd(rt_cuda *k, gpu_ptr logits, gpu_ptr loss, int64_t T, int64_t E, float coef);
 int rt_cuda_z_loss_bwd(rt_cuda *k, gpu_ptr logits, gpu_ptr dloss, gpu_ptr dlogits, int64_t T, int64_t E, float coef);
 
@@ -141,6 +146,12 @@ int rt_cuda_cross_entropy_fwd(rt_cuda *k, cg_dtype t, gpu_ptr logits /* (T, V) *
                               gpu_ptr loss /* f32 () */, int64_t T, int64_t V);
 int rt_cuda_cross_entropy_bwd(rt_cuda *k, cg_dtype t, gpu_ptr logits, gpu_ptr labels, gpu_ptr dloss /* f32 () */,
                               gpu_ptr dlogits /* f32 (T, V) */, int64_t T, int64_t V);
+/* The share forms and the label count (data/expert parallelism): n_global and n are f32 () */
+int rt_cuda_cross_entropy_share_fwd(rt_cuda *k, cg_dtype t, gpu_ptr logits, gpu_ptr labels, gpu_ptr n_global,
+                                    gpu_ptr loss, int64_t T, int64_t V);
+int rt_cuda_cross_entropy_share_bwd(rt_cuda *k, cg_dtype t, gpu_ptr logits, gpu_ptr labels, gpu_ptr n_global,
+                                    gpu_ptr dloss, gpu_ptr dlogits, int64_t T, int64_t V);
+int rt_cuda_label_count(rt_cuda *k, gpu_ptr labels /* i32 (T) */, gpu_ptr n /* f32 () */, int64_t T);
 
 /* ---- optimizer ---- */
 typedef struct {

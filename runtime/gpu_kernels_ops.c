@@ -248,6 +248,40 @@ int rt_cuda_aux_loss_bwd(rt_cuda *k, gpu_ptr logits, gpu_ptr idx, gpu_ptr dloss,
                     ARGS(&logits, &a, &dloss, &dlogits, &T, &E));
 }
 
+/* The share form: P partial sums (no ids), then the final kernel with the global counts;
+ * a (E + 1 doubles: a[E] = the global token count) when want_a. */
+static int aux_share_sums(rt_cuda *k, gpu_ptr logits, gpu_ptr counts, int64_t T, int64_t E, int64_t kk, float coef,
+                          gpu_ptr loss, int want_a, gpu_ptr *a) {
+  if (E < 1 || E > CG_MAX_E) return rtk_fail(k, "aux_loss: %lld experts, the GPU kernels take 1..%d", (long long)E, CG_MAX_E);
+  if (kk < 1) return rtk_fail(k, "aux_loss: top_k %lld (%s)", (long long)kk, ck_strerror(CK_ESHAPE));
+  int64_t nb = (T + CG_NT_RED - 1) / CG_NT_RED;
+  const size_t pb = rtk_align((size_t)(nb * E) * sizeof(double)), cb = rtk_align((size_t)(nb * E) * sizeof(int));
+  gpu_ptr ws, none = 0;
+  if (rtk_scratch(k, pb + cb + (size_t)(E + 1) * sizeof(double), &ws) != 0) return -1;
+  gpu_ptr Ppart = ws, cpart = ws + pb;
+  *a = want_a ? ws + pb + cb : 0;
+  if (nb > 0 && rtk_launch(k, CG_FAM_ROUTER, NULL, "moec_aux_partial", (uint64_t)nb, 1, CG_NT_RED,
+                           ARGS(&logits, &none, &Ppart, &cpart, &T, &E, &kk, &k->err_flag)) != 0)
+    return -1;
+  return rtk_launch(k, CG_FAM_ROUTER, NULL, "moec_aux_final_share", 1, 1, CG_NT_RED,
+                    ARGS(&Ppart, &nb, &T, &counts, &E, &kk, &coef, &loss, a));
+}
+
+int rt_cuda_aux_loss_share_fwd(rt_cuda *k, gpu_ptr logits, gpu_ptr counts, gpu_ptr loss, int64_t T, int64_t E,
+                               int64_t kk, float coef) {
+  gpu_ptr a;
+  return aux_share_sums(k, logits, counts, T, E, kk, coef, loss, 0, &a);
+}
+
+int rt_cuda_aux_loss_share_bwd(rt_cuda *k, gpu_ptr logits, gpu_ptr counts, gpu_ptr dloss, gpu_ptr dlogits, int64_t T,
+                               int64_t E, int64_t kk, float coef) {
+  gpu_ptr a, none = 0;
+  if (T == 0) return 0;
+  if (aux_share_sums(k, logits, counts, T, E, kk, coef, none, 1, &a) != 0) return -1;
+  return rtk_launch(k, CG_FAM_ROUTER, NULL, "moec_aux_bwd_share", rtk_blocks(T, CG_NT_RED), 1, CG_NT_RED,
+                    ARGS(&logits, &a, &dloss, &dlogits, &T, &E));
+}
+
 int rt_cuda_z_loss_fwd(rt_cuda *k, gpu_ptr logits, gpu_ptr loss, int64_t T, int64_t E, float coef) {
   int64_t nb = (T + CG_NT_RED - 1) / CG_NT_RED;
   gpu_ptr part = 0;
@@ -350,6 +384,43 @@ int rt_cuda_cross_entropy_bwd(rt_cuda *k, cg_dtype t, gpu_ptr logits, gpu_ptr la
   KN("ce_bwd", 1, t);
   return rtk_launch(k, CG_FAM_LOSS, NULL, name, rtk_blocks(T, CG_NT_CE / 32), 1, CG_NT_CE,
                     ARGS(&logits, &labels, &dloss, &nvalid, &dlogits, &T, &V));
+}
+
+/* The share forms: the local mean (or the incoming gradient) times (float)(n_local / n_global),
+ * n_local counted on the device (ce_final's or ce_count's valid labels). */
+int rt_cuda_cross_entropy_share_fwd(rt_cuda *k, cg_dtype t, gpu_ptr logits, gpu_ptr labels, gpu_ptr n_global,
+                                    gpu_ptr loss, int64_t T, int64_t V) {
+  int64_t nb = (T + CG_CE_ROWS - 1) / CG_CE_ROWS;
+  const size_t pb = rtk_align((size_t)nb * sizeof(double)), nbb = rtk_align((size_t)nb * sizeof(int));
+  gpu_ptr ws = 0;
+  if (rtk_scratch(k, pb + nbb + 256, &ws) != 0) return -1;
+  gpu_ptr part = ws, npart = ws + pb, nvalid = ws + pb + nbb;
+  char name[64];
+  KN("ce_partial", 1, t);
+  if (nb > 0 && rtk_launch(k, CG_FAM_LOSS, NULL, name, (uint64_t)nb, 1, CG_NT_CE,
+                           ARGS(&logits, &labels, &part, &npart, &T, &V, &k->err_flag)) != 0)
+    return -1;
+  if (rtk_launch(k, CG_FAM_LOSS, NULL, "moec_ce_final", 1, 1, CG_NT_CE, ARGS(&part, &npart, &nb, &loss, &nvalid)) != 0)
+    return -1;
+  return rtk_launch(k, CG_FAM_LOSS, NULL, "moec_ce_share", 1, 1, 32, ARGS(&loss, &nvalid, &n_global, &loss));
+}
+
+int rt_cuda_cross_entropy_share_bwd(rt_cuda *k, cg_dtype t, gpu_ptr logits, gpu_ptr labels, gpu_ptr n_global,
+                                    gpu_ptr dloss, gpu_ptr dlogits, int64_t T, int64_t V) {
+  gpu_ptr ws;
+  if (rtk_scratch(k, 512, &ws) != 0) return -1;
+  gpu_ptr nvalid = ws, dshare = ws + 256; /* int (), f32 () */
+  if (rtk_launch(k, CG_FAM_LOSS, NULL, "moec_ce_count", 1, 1, CG_NT_CE, ARGS(&labels, &nvalid, &T, &V, &k->err_flag)) != 0 ||
+      rtk_launch(k, CG_FAM_LOSS, NULL, "moec_ce_share", 1, 1, 32, ARGS(&dloss, &nvalid, &n_global, &dshare)) != 0)
+    return -1;
+  char name[64];
+  KN("ce_bwd", 1, t);
+  return rtk_launch(k, CG_FAM_LOSS, NULL, name, rtk_blocks(T, CG_NT_CE / 32), 1, CG_NT_CE,
+                    ARGS(&logits, &labels, &dshare, &nvalid, &dlogits, &T, &V));
+}
+
+int rt_cuda_label_count(rt_cuda *k, gpu_ptr labels, gpu_ptr n, int64_t T) {
+  return rtk_launch(k, CG_FAM_LOSS, NULL, "moec_label_count", 1, 1, CG_NT_CE, ARGS(&labels, &n, &T));
 }
 
 /* ---- optimizer ---- */

@@ -9,7 +9,7 @@
 #include "errf.h"
 
 typedef int nccl_result;                                /* ncclResult_t, ncclSuccess = 0 */
-enum { NCCL_INT8 = 0, NCCL_FLOAT32 = 7, NCCL_BFLOAT16 = 9 }; /* ncclDataType_t */
+enum { NCCL_INT8 = 0, NCCL_INT32 = 2, NCCL_FLOAT32 = 7, NCCL_BFLOAT16 = 9 }; /* ncclDataType_t */
 enum { NCCL_SUM = 0 };                                  /* ncclRedOp_t */
 
 static struct {
@@ -110,6 +110,12 @@ int gpu_nccl_all_reduce_sum(gpu_nccl *c, gpu_ptr buf, int64_t n, cg_dtype t, cha
   nccl_result r = api.AllReduce(p, p, (size_t)n, t == CG_DT_BF16 ? NCCL_BFLOAT16 : NCCL_FLOAT32, NCCL_SUM, c->comm,
                                 gpu_stream(c->g));
   return r ? nccl_fail(r, "ncclAllReduce", err, errlen) : 0;
+}
+
+int gpu_nccl_all_reduce_sum_i32(gpu_nccl *c, gpu_ptr buf, int64_t n, char *err, size_t errlen) {
+  void *p = (void *)(uintptr_t)buf;
+  nccl_result r = api.AllReduce(p, p, (size_t)n, NCCL_INT32, NCCL_SUM, c->comm, gpu_stream(c->g));
+  return r ? nccl_fail(r, "ncclAllReduce (int32)", err, errlen) : 0;
 }
 
 int gpu_nccl_all_to_all_v(gpu_nccl *c, gpu_ptr send, const size_t *send_off, const size_t *send_bytes, gpu_ptr recv,

@@ -30,6 +30,8 @@ void gpu_nccl_free(gpu_nccl *c, int abort);
 
 /* buf (n values of t) = its sum over the ranks, in place, queued on g's stream. */
 int gpu_nccl_all_reduce_sum(gpu_nccl *c, gpu_ptr buf, int64_t n, cg_dtype t, char *err, size_t errlen);
+/* The same for n int32 values (expert counts). */
+int gpu_nccl_all_reduce_sum_i32(gpu_nccl *c, gpu_ptr buf, int64_t n, char *err, size_t errlen);
 /* Every rank sends send_bytes[r] bytes from send + send_off[r] to rank r and receives
  * recv_bytes[r] bytes into recv + recv_off[r] (grouped ncclSend/ncclRecv of bytes, self
  * included), queued on g's stream. */

@@ -285,6 +285,34 @@ static void test_router(void) {
   for (int64_t i = 0; i < te; i++) got[i] -= acc[i], want[i] -= acc[i]; /* compare the increments */
   cmp("aux loss bwd (the += part)", got, want, te, CG_DT_F32, 1e-5, 1e-5 * maxabs(want, te));
 
+  /* the share form: the routes of all ranks (this rank's, and random ones of 3 others) */
+  int32_t counts[E];
+  memset(counts, 0, sizeof counts);
+  for (int64_t i = 0; i < (int64_t)T * KK; i++) counts[idx[i]]++;
+  for (int e = 0; e < E; e++) counts[e] += rng_int(3 * T * KK / E + 1);
+  gpu_ptr dcounts = up_raw(counts, sizeof counts);
+  CHECK(ck_aux_loss_share_fwd(logits, counts, &loss, T, E, KK, 0.01f) == CK_OK, "ck_aux_loss_share_fwd");
+  RUN(rt_cuda_aux_loss_share_fwd(K, dl, dcounts, dsc, T, E, KK, 0.01f));
+  get_f(&gloss, dsc, 1, CG_DT_F32);
+  cmp("aux loss share fwd (global counts)", &gloss, &loss, 1, CG_DT_F32, 1e-6, 0);
+  memcpy(want, acc, te * 4);
+  upload(dout, acc, te * 4);
+  CHECK(ck_aux_loss_share_bwd(logits, counts, dloss, want, T, E, KK, 0.01f) == CK_OK, "ck_aux_loss_share_bwd");
+  RUN(rt_cuda_aux_loss_share_bwd(K, dl, dcounts, ddl, dout, T, E, KK, 0.01f));
+  get_f(got, dout, te, CG_DT_F32);
+  for (int64_t i = 0; i < te; i++) got[i] -= acc[i], want[i] -= acc[i];
+  cmp("aux loss share bwd (the += part)", got, want, te, CG_DT_F32, 1e-5, 1e-5 * maxabs(want, te));
+  CHECK(maxabs(want, te) > 0, "aux loss share bwd: the reference gradient is all zero (test too weak)");
+  memset(counts, 0, sizeof counts); /* no routes anywhere: loss 0, no gradient */
+  upload(dcounts, counts, sizeof counts);
+  upload(dout, acc, te * 4);
+  RUN(rt_cuda_aux_loss_share_fwd(K, dl, dcounts, dsc, T, E, KK, 0.01f));
+  RUN(rt_cuda_aux_loss_share_bwd(K, dl, dcounts, ddl, dout, T, E, KK, 0.01f));
+  get_f(&gloss, dsc, 1, CG_DT_F32);
+  get_f(got, dout, te, CG_DT_F32);
+  CHECK(gloss == 0.0f && memcmp(got, acc, te * 4) == 0, "aux loss share with zero global counts: loss %g, gradient changed",
+        gloss);
+
   ck_z_loss_fwd(logits, &loss, T, E, 0.001f);
   RUN(rt_cuda_z_loss_fwd(K, dl, dsc, T, E, 0.001f));
   get_f(&gloss, dsc, 1, CG_DT_F32);
@@ -442,6 +470,26 @@ static void test_cross_entropy(cg_dtype t) {
   RUN(rt_cuda_cross_entropy_bwd(K, t, dl, dlab, ddl, dg, T, V));
   get_f(got, dg, n, CG_DT_F32);
   cmp("cross-entropy dlogits (f32)", got, want, n, CG_DT_F32, 1e-5, 1e-5 * maxabs(want, n));
+  /* the share forms: this rank's labels over those of all ranks */
+  float n_loc = 0, n_glob = (float)(ck_label_count(lab, T) + 517), share_loss = 0;
+  gpu_ptr dn = dmalloc(4), dng = up_f(&n_glob, 1, CG_DT_F32);
+  RUN(rt_cuda_label_count(K, dlab, dn, T));
+  get_f(&n_loc, dn, 1, CG_DT_F32);
+  CHECK(n_loc == (float)ck_label_count(lab, T), "label_count %g, want %lld", n_loc, (long long)ck_label_count(lab, T));
+  CHECK(ck_cross_entropy_share_fwd(logits, lab, n_glob, &share_loss, T, V) == CK_OK, "ck_cross_entropy_share_fwd");
+  CHECK(share_loss < loss, "share %g of the global loss is not below the local mean %g", share_loss, loss);
+  RUN(rt_cuda_cross_entropy_share_fwd(K, t, dl, dlab, dng, dsc, T, V));
+  get_f(&gloss, dsc, 1, CG_DT_F32);
+  cmp("cross-entropy share loss", &gloss, &share_loss, 1, CG_DT_F32, 1e-6, 0);
+  CHECK(ck_cross_entropy_share_bwd(logits, lab, n_glob, dloss, want, T, V) == CK_OK, "ck_cross_entropy_share_bwd");
+  RUN(rt_cuda_cross_entropy_share_bwd(K, t, dl, dlab, dng, ddl, dg, T, V));
+  get_f(got, dg, n, CG_DT_F32);
+  cmp("cross-entropy share dlogits (f32)", got, want, n, CG_DT_F32, 1e-5, 1e-5 * maxabs(want, n));
+  n_glob = 0; /* no labels anywhere: share 0 */
+  upload(dng, &n_glob, 4);
+  RUN(rt_cuda_cross_entropy_share_fwd(K, t, dl, dlab, dng, dsc, T, V));
+  get_f(&gloss, dsc, 1, CG_DT_F32);
+  CHECK(gloss == 0.0f, "cross-entropy share with no global labels: %g", gloss);
   expect_flag("cross-entropy", CK_OK);
   lab[3] = V + 4;
   upload(dlab, lab, sizeof lab);

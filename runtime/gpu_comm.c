@@ -1,0 +1,157 @@
+/* gpu_comm.c -- see gpu_comm.h. */
+#include "gpu_comm.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cpu_kernels.h"
+#include "errf.h"
+#include "gpu_nccl.h"
+
+struct gpu_comm {
+  gpu_comm_kind kind;
+  comm_world *w;
+  int rank;
+  gpu_ctx *g;
+  gpu_nccl *nc[COMM_GROUPS]; /* NCCL: one per group of size > 1 */
+  void *host;                /* host-staged: the staging buffer */
+  size_t host_cap;
+};
+
+const char *gpu_comm_kind_name(gpu_comm_kind k) { return k == GPU_COMM_NCCL ? "NCCL" : "host-staged"; }
+
+int gpu_comm_choose(int local, int ngpus, gpu_comm_kind *kind, char *note, size_t notelen, char *err, size_t errlen) {
+  const char *env = getenv("MOEC_GPU_COMM");
+  note[0] = 0;
+  if (env && strcmp(env, "host") == 0) {
+    *kind = GPU_COMM_HOST;
+    return 0;
+  }
+  if (env && *env && strcmp(env, "nccl") != 0 && strcmp(env, "auto") != 0)
+    return errf(err, errlen, "MOEC_GPU_COMM=%s: expected host, nccl or auto", env);
+  int forced = env && strcmp(env, "nccl") == 0;
+  char lerr[1024];
+  if (gpu_nccl_load(NULL, lerr, sizeof lerr) != 0) {
+    if (forced) return errf(err, errlen, "MOEC_GPU_COMM=nccl: %s (or MOEC_GPU_COMM=host: collectives through host memory)", lerr);
+    *kind = GPU_COMM_HOST;
+    snprintf(note, notelen, "%s: the ranks' collectives go through host memory (slower); install NCCL or set MOEC_LIBNCCL", lerr);
+    return 0;
+  }
+  if (local > ngpus) {
+    if (forced)
+      return errf(err, errlen, "MOEC_GPU_COMM=nccl: %d ranks on this node but %d GPU(s) visible; NCCL needs a GPU per rank "
+                  "(start fewer ranks per node, or MOEC_GPU_COMM=host lets ranks share a GPU through host memory)", local, ngpus);
+    *kind = GPU_COMM_HOST;
+    snprintf(note, notelen, "%d ranks share %d GPU(s): the collectives go through host memory (NCCL needs a GPU per rank)",
+             local, ngpus);
+    return 0;
+  }
+  *kind = GPU_COMM_NCCL;
+  return 0;
+}
+
+gpu_comm_kind gpu_comm_kind_of(const gpu_comm *c) { return c->kind; }
+comm *gpu_comm_host_group(gpu_comm *c, comm_group grp) { return comm_get(c->w, c->rank, grp); }
+
+void gpu_comm_free(gpu_comm *c, int abort) {
+  if (!c) return;
+  for (int i = 0; i < COMM_GROUPS; i++) gpu_nccl_free(c->nc[i], abort);
+  free(c->host);
+  free(c);
+}
+
+gpu_comm *gpu_comm_new(gpu_comm_kind kind, comm_world *w, int rank, gpu_ctx *g, char *err, size_t errlen) {
+  gpu_comm *c = calloc(1, sizeof *c);
+  if (!c) return errf(err, errlen, "out of host memory"), NULL;
+  c->kind = kind, c->w = w, c->rank = rank, c->g = g;
+  if (kind != GPU_COMM_NCCL) return c;
+  /* the same order on every rank: world, EP, DP; a group's rank 0 draws its id */
+  for (int grp = 0; grp < COMM_GROUPS; grp++) {
+    comm *h = comm_get(w, rank, (comm_group)grp);
+    if (!h || comm_size(h) < 2) continue;
+    gpu_nccl_id id;
+    memset(&id, 0, sizeof id);
+    char m[1024];
+    if (comm_rank(h) == 0 && gpu_nccl_unique_id(&id, m, sizeof m) != 0) {
+      comm_abort(w, rank, m); /* the others wait in the broadcast below */
+      errf(err, errlen, "%s", m);
+      gpu_comm_free(c, 1);
+      return NULL;
+    }
+    if (comm_broadcast(h, &id, sizeof id, 0, m, sizeof m) != 0 ||
+        !(c->nc[grp] = gpu_nccl_new(g, comm_size(h), comm_rank(h), &id, m, sizeof m))) {
+      errf(err, errlen, "NCCL communicator of the %s group (rank %d of %d): %s", comm_group_name((comm_group)grp),
+           comm_rank(h), comm_size(h), m);
+      gpu_comm_free(c, 1);
+      return NULL;
+    }
+  }
+  return c;
+}
+
+static void *staging(gpu_comm *c, size_t bytes, char *err, size_t errlen) {
+  if (bytes > c->host_cap) {
+    void *p = realloc(c->host, bytes);
+    if (!p) return errf(err, errlen, "out of host memory staging %zu bytes for a collective", bytes), NULL;
+    c->host = p, c->host_cap = bytes;
+  }
+  return c->host;
+}
+
+static int gpu_fail(gpu_comm *c, char *err, size_t errlen) { return errf(err, errlen, "%s", gpu_error(c->g)); }
+
+/* Host-staged all-reduce: bf16 is summed in f32 and rounded once, as the CPU ranks do. */
+static int host_all_reduce(gpu_comm *c, comm *h, gpu_ptr buf, int64_t n, gpu_comm_dtype t, char *err, size_t errlen) {
+  int bf = t == GPU_COMM_BF16;
+  size_t es = bf ? 2 : 4;
+  char *host = staging(c, (size_t)n * (4 + (bf ? 2 : 0)), err, errlen); /* n f32/i32, then n bf16 */
+  if (!host) return -1;
+  float *f = (float *)host;
+  uint16_t *b = (uint16_t *)(host + (size_t)n * 4);
+  if (gpu_download(c->g, bf ? (void *)b : (void *)host, buf, (size_t)n * es) != 0) return gpu_fail(c, err, errlen);
+  for (int64_t i = 0; bf && i < n; i++) f[i] = ck_bf16_to_float(b[i]);
+  if (comm_all_reduce_sum(h, host, n, t == GPU_COMM_I32 ? COMM_I32 : COMM_F32, err, errlen) != 0) return -1;
+  for (int64_t i = 0; bf && i < n; i++) b[i] = ck_float_to_bf16(f[i]);
+  return gpu_upload(c->g, buf, bf ? (void *)b : (void *)host, (size_t)n * es) != 0 ? gpu_fail(c, err, errlen) : 0;
+}
+
+int gpu_comm_all_reduce_sum(gpu_comm *c, comm_group grp, gpu_ptr buf, int64_t n, gpu_comm_dtype t, char *err,
+                            size_t errlen) {
+  comm *h = gpu_comm_host_group(c, grp);
+  if (!h) return errf(err, errlen, "no %s group for world rank %d", comm_group_name(grp), c->rank);
+  if (comm_size(h) == 1 || n == 0) return 0;
+  if (c->kind == GPU_COMM_HOST) return host_all_reduce(c, h, buf, n, t, err, errlen);
+  if (t == GPU_COMM_I32) return gpu_nccl_all_reduce_sum_i32(c->nc[grp], buf, n, err, errlen);
+  return gpu_nccl_all_reduce_sum(c->nc[grp], buf, n, t == GPU_COMM_BF16 ? CG_DT_BF16 : CG_DT_F32, err, errlen);
+}
+
+int gpu_comm_all_to_all_v(gpu_comm *c, comm_group grp, gpu_ptr send, const size_t *send_off, const size_t *send_bytes,
+                          gpu_ptr recv, const size_t *recv_off, const size_t *recv_bytes, char *err, size_t errlen) {
+  comm *h = gpu_comm_host_group(c, grp);
+  if (!h) return errf(err, errlen, "no %s group for world rank %d", comm_group_name(grp), c->rank);
+  int P = comm_size(h);
+  if (P == 1) { /* to itself */
+    if (send_bytes[0] != recv_bytes[0])
+      return errf(err, errlen, "all_to_all_v: sends %zu bytes to itself, expects %zu", send_bytes[0], recv_bytes[0]);
+    return send_bytes[0] && gpu_copy(c->g, recv + recv_off[0], send + send_off[0], send_bytes[0]) ? gpu_fail(c, err, errlen) : 0;
+  }
+  if (c->kind == GPU_COMM_NCCL)
+    return gpu_nccl_all_to_all_v(c->nc[grp], send, send_off, send_bytes, recv, recv_off, recv_bytes, err, errlen);
+  /* host-staged: the segments packed in peer order (comm.h's layout), then unpacked */
+  size_t ns = 0, nr = 0;
+  for (int j = 0; j < P; j++) ns += send_bytes[j], nr += recv_bytes[j];
+  char *host = staging(c, ns + nr + 1, err, errlen);
+  if (!host) return -1;
+  char *hs = host, *hr = host + ns;
+  for (int j = 0; j < P; j++) {
+    if (send_bytes[j] && gpu_download(c->g, hs, send + send_off[j], send_bytes[j]) != 0) return gpu_fail(c, err, errlen);
+    hs += send_bytes[j];
+  }
+  if (comm_all_to_all_v(h, host, send_bytes, hr, recv_bytes, err, errlen) != 0) return -1;
+  for (int j = 0; j < P; j++) {
+    if (recv_bytes[j] && gpu_upload(c->g, recv + recv_off[j], hr, recv_bytes[j]) != 0) return gpu_fail(c, err, errlen);
+    hr += recv_bytes[j];
+  }
+  return 0;
+}

@@ -1,0 +1,55 @@
+/* gpu_comm.h -- one rank's collectives on device buffers, for the GPU executor's parallel ops
+ * (data and expert parallelism, docs/parallel.md). One interface, two transports:
+ *
+ *  - host-staged (GPU_COMM_HOST): a collective copies the device buffer to the host, runs
+ *    comm.h's collective (ranks as threads, or processes over TCP) and copies the result back.
+ *    Ranks may share one GPU (NCCL refuses two ranks on one GPU), no NCCL is needed, and the
+ *    sums are comm.h's rank-order sums: the same bits as the CPU ranks.
+ *  - NCCL (GPU_COMM_NCCL): one communicator per group of more than one rank (world, EP, DP) on
+ *    this rank's own GPU, collectives queued on the context's stream. Each group's rank 0 draws
+ *    the unique id and broadcasts it over the host world: the TCP mesh the bootstrap built
+ *    (moec launch, torchrun) or the threads' world, so no blob or ncclCommSplit is needed.
+ *
+ * The host world (comm.h) is there with either transport: what the executor already holds on
+ * the host (the EP count matrix, the gradient norm's expert part) goes through it directly.
+ * Calls return 0, or -1 with a message in err. */
+#ifndef MOEC_GPU_COMM_H
+#define MOEC_GPU_COMM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "comm.h"
+#include "gpu_loader.h"
+
+typedef enum { GPU_COMM_HOST, GPU_COMM_NCCL } gpu_comm_kind;
+typedef enum { GPU_COMM_F32, GPU_COMM_BF16, GPU_COMM_I32 } gpu_comm_dtype;
+
+typedef struct gpu_comm gpu_comm;
+
+/* Which transport `local` ranks sharing `ngpus` visible GPUs use. MOEC_GPU_COMM=host|nccl
+ * forces one; unset (or auto): NCCL when it loads and every rank has a GPU of its own, else
+ * host-staged, with why in note (empty when NCCL is used). Errors: an unknown MOEC_GPU_COMM,
+ * nccl forced without NCCL or with more ranks than GPUs. */
+int gpu_comm_choose(int local, int ngpus, gpu_comm_kind *kind, char *note, size_t notelen, char *err, size_t errlen);
+const char *gpu_comm_kind_name(gpu_comm_kind k); /* "host-staged", "NCCL" */
+
+/* World rank `rank`'s handle, on g (current on this thread). w stays the caller's. With NCCL
+ * this blocks until every rank of each group has joined. */
+gpu_comm *gpu_comm_new(gpu_comm_kind kind, comm_world *w, int rank, gpu_ctx *g, char *err, size_t errlen);
+/* abort = 1: a failed world (NCCL communicators aborted, not drained). */
+void gpu_comm_free(gpu_comm *c, int abort);
+gpu_comm_kind gpu_comm_kind_of(const gpu_comm *c);
+/* The host handle on group grp (for host data: counts, scalars). */
+comm *gpu_comm_host_group(gpu_comm *c, comm_group grp);
+
+/* buf (n values of t, on the device) <- the sum over group grp. */
+int gpu_comm_all_reduce_sum(gpu_comm *c, comm_group grp, gpu_ptr buf, int64_t n, gpu_comm_dtype t, char *err,
+                            size_t errlen);
+/* Over group grp (P ranks): send_bytes[j] bytes from send + send_off[j] go to rank j, and
+ * recv_bytes[j] bytes from rank j arrive at recv + recv_off[j] (both sides know the sizes: the
+ * caller exchanged the counts first). Self included. */
+int gpu_comm_all_to_all_v(gpu_comm *c, comm_group grp, gpu_ptr send, const size_t *send_off, const size_t *send_bytes,
+                          gpu_ptr recv, const size_t *recv_off, const size_t *recv_bytes, char *err, size_t errlen);
+
+#endif
