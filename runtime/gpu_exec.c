@@ -10,9 +10,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cpu_ep.h"
 #include "cpu_kernels.h"
 #include "gpu_attention.h"
 #include "gpu_blas.h"
+#include "gpu_comm.h"
 #include "gpu_fp8.h"
 #include "gpu_kernels.h"
 #include "gpu_profile.h"
@@ -83,6 +85,10 @@ static void pool_put(gpu_runtime *rt, gpu_ptr p, size_t bytes) {
 }
 
 gpu_runtime *gpu_runtime_new(rt_params *ps, const char *dump_dir, char *err, size_t errlen) {
+  return gpu_runtime_new_on(ps, 0, dump_dir, err, errlen);
+}
+
+gpu_runtime *gpu_runtime_new_on(rt_params *ps, int ordinal, const char *dump_dir, char *err, size_t errlen) {
   gpu_runtime *rt = calloc(1, sizeof *rt);
   if (!rt) {
     snprintf(err, errlen, "out of host memory");
@@ -94,7 +100,11 @@ gpu_runtime *gpu_runtime_new(rt_params *ps, const char *dump_dir, char *err, siz
     snprintf(err, errlen, "the NVIDIA driver sees no GPU; use --device cpu");
     goto fail;
   }
-  if (!(rt->g = gpu_open(0, err, errlen))) goto fail;
+  if (ordinal < 0 || ordinal >= n) {
+    snprintf(err, errlen, "GPU %d asked for, but %d GPU(s) are visible (CUDA_VISIBLE_DEVICES?)", ordinal, n);
+    goto fail;
+  }
+  if (!(rt->g = gpu_open(ordinal, err, errlen))) goto fail;
   rt_cuda_opts ko;
   memset(&ko, 0, sizeof ko);
   ko.dump_dir = dump_dir;
@@ -214,6 +224,8 @@ struct gpu_exec {
   int grouped_device;     /* MOEC_GROUPED_GEMM=device: the device-driven grouped GEMMs, no host sync */
   int32_t **hcounts;      /* (n_nodes) host copies of expert-count values, downloaded once per step */
   gpu_fp8_plan fp8;       /* which expert GEMMs run in FP8 (MOEC_FP8_GEMM=0: none) */
+  gpu_comm *comm;         /* data/expert parallelism: this rank's collectives (gpu_exec_set_comm) */
+  int32_t **ep_all;       /* (n_nodes) the EP group's counts (P x E, host) of a counts value, once per step */
   int64_t step;
   char *err;
   size_t errlen;
@@ -459,29 +471,152 @@ static int exec_ROUTE_WEIGHTS(gx *x, int id) {
   return ck(x, id, rt_cuda_route_weights_fwd(KX, l->p, V(id, 1)->p, x->val[id].p, l->rows, INCOLS(id, 0), COLS(id)));
 }
 
-/* The parallel forms (a rank's share of a loss over all ranks) and the collectives come with
- * the NCCL half of issue 7 (docs/parallel.md). */
-static int no_parallel(gx *x, int id) {
-  return fail(x, id, "data/expert parallelism is CPU-only for now (--device cpu; the NCCL path is not written yet)");
+/* ---- data and expert parallelism (docs/parallel.md): each loss as this rank's share of the
+ * loss over all ranks, and the collectives through gpu_comm (host-staged or NCCL) ---- */
+static int need_comm(gx *x, int id) {
+  return x->comm ? 0 : fail(x, id, "a collective, but this executor has no communicator (run it through moec train)");
 }
-static int exec_LABEL_COUNT(gx *x, int id) { return no_parallel(x, id); }
-static int exec_ALL_REDUCE(gx *x, int id) { return no_parallel(x, id); }
-static int exec_EP_ALL_TO_ALL(gx *x, int id) { return no_parallel(x, id); }
-static int exec_EP_LOCAL_COUNTS(gx *x, int id) { return no_parallel(x, id); }
+
+static int exec_LABEL_COUNT(gx *x, int id) {
+  const dev_value *lab = V(id, 0);
+  if (alloc_out(x, id, 1, 0)) return -1;
+  return ck(x, id, rt_cuda_label_count(KX, lab->p, x->val[id].p, lab->rows));
+}
+
+static int exec_ALL_REDUCE(gx *x, int id) {
+  const dev_value *a = V(id, 0);
+  const char *gs = ir_get_str(N(id), "group", "world");
+  comm_group grp = !strcmp(gs, "ep") ? COMM_EP : !strcmp(gs, "dp") ? COMM_DP : COMM_WORLD;
+  ir_dtype t = N(id)->type.dtype;
+  if (t != DT_F32 && t != DT_BF16 && t != DT_I32) return fail(x, id, "all_reduce takes f32, bf16 or i32 values on the GPU");
+  if (need_comm(x, id) || alloc_out(x, id, a->rows, 0)) return -1;
+  if (a->numel && gpu_copy(x->rt->g, x->val[id].p, a->p, (size_t)a->numel * dsize(t)) != 0)
+    return fail(x, id, "%s", gpu_error(x->rt->g));
+  char m[1024];
+  gpu_comm_dtype ct = t == DT_I32 ? GPU_COMM_I32 : t == DT_BF16 ? GPU_COMM_BF16 : GPU_COMM_F32;
+  return gpu_comm_all_reduce_sum(x->comm, grp, x->val[id].p, a->numel, ct, m, sizeof m) ? fail(x, id, "%s", m) : 0;
+}
+
+/* The EP group's counts (P x E on the host, gathered once per counts value and step) for EP op
+ * id; checks that the graph was built for this EP rank. */
+static const int32_t *ep_all_counts(gx *x, int id, int *P, int *me) {
+  if (need_comm(x, id)) return NULL;
+  comm *c = gpu_comm_host_group(x->comm, COMM_EP);
+  *P = comm_size(c), *me = comm_rank(c);
+  if (*me != ir_get_int(N(id), "ep_rank", -1) || *P != ir_get_int(N(id), "ep", 0))
+    return fail(x, id, "the graph is EP rank %lld of %lld, but this is EP rank %d of %d", (long long)ir_get_int(N(id), "ep_rank", -1),
+                (long long)ir_get_int(N(id), "ep", 0), *me, *P), NULL;
+  int v = N(id)->in[N(id)->n_in == 1 ? 0 : 1];
+  if (x->ep_all[v]) return x->ep_all[v];
+  int64_t E = ir_get_int(N(id), "experts", 0);
+  if (x->val[v].numel != E) return fail(x, id, "%lld expert counts for %lld experts", (long long)x->val[v].numel, (long long)E), NULL;
+  int32_t *mine = malloc((size_t)(E > 0 ? E : 1) * 4), *all = malloc((size_t)(*P * E > 0 ? *P * E : 1) * 4);
+  char m[1024];
+  int rc = !mine || !all ? fail(x, id, "out of host memory")
+           : gpu_download(x->rt->g, mine, x->val[v].p, (size_t)E * 4) ? fail(x, id, "%s", gpu_error(x->rt->g))
+           : ep_gather_counts(c, E, mine, all, m, sizeof m) ? fail(x, id, "%s", m)
+                                                             : 0;
+  free(mine);
+  if (rc) return free(all), NULL;
+  return x->ep_all[v] = all;
+}
+
+/* Rows between the by-rank and by-expert layouts (cpu_ep.h's ep_blocks), rb bytes each. */
+static int ep_regroup(gx *x, int id, int P, int me, int64_t E, const int32_t *all, gpu_ptr src, gpu_ptr dst, size_t rb,
+                      int to_expert) {
+  int64_t nb = E / P * P;
+  ep_block *b = malloc((size_t)(nb > 0 ? nb : 1) * sizeof *b);
+  if (!b) return fail(x, id, "out of host memory");
+  ep_blocks(P, me, E, all, b);
+  int rc = 0;
+  for (int64_t i = 0; i < nb && rc == 0; i++) {
+    gpu_ptr r = (gpu_ptr)((size_t)b[i].by_rank * rb), e = (gpu_ptr)((size_t)b[i].by_expert * rb);
+    if (b[i].n && gpu_copy(x->rt->g, dst + (to_expert ? e : r), src + (to_expert ? r : e), (size_t)b[i].n * rb) != 0)
+      rc = fail(x, id, "%s", gpu_error(x->rt->g));
+  }
+  free(b);
+  return rc;
+}
+
+/* Forward: this rank's expert-sorted rows (so grouped by owner) go to their experts' ranks,
+ * and the rows of its own experts from every rank come back grouped by local expert, then
+ * source rank (cpu_ep.h). Reverse: the other way. */
+static int exec_EP_ALL_TO_ALL(gx *x, int id) {
+  int P, me;
+  const int32_t *all = ep_all_counts(x, id, &P, &me);
+  if (!all) return -1;
+  const dev_value *a = V(id, 0);
+  int64_t E = ir_get_int(N(id), "experts", 0);
+  int rev = (int)ir_get_int(N(id), "reverse", 0);
+  size_t rb = (size_t)COLS(id) * dsize(N(id)->type.dtype); /* bytes per row */
+  if (DT(x, N(id)->in[0]) != DT(x, id)) return fail(x, id, "input and output dtypes differ");
+  if (a->rows != ep_rows(P, me, E, all, !rev))
+    return fail(x, id, "%lld rows in, the counts give %lld", (long long)a->rows, (long long)ep_rows(P, me, E, all, !rev));
+  if (alloc_out(x, id, ep_rows(P, me, E, all, rev), 0)) return -1;
+  size_t *so = calloc((size_t)P * 4, sizeof *so), *sb = so + P, *ro = so + 2 * P, *rbytes = so + 3 * P, ns = 0, nr = 0;
+  if (!so) return fail(x, id, "out of host memory");
+  for (int j = 0; j < P; j++) { /* forward: my rows of j's experts out, j's rows of mine in */
+    so[j] = ns, ro[j] = nr;
+    sb[j] = (size_t)(rev ? ep_seg(E, P, all, j, me) : ep_seg(E, P, all, me, j)) * rb;
+    rbytes[j] = (size_t)(rev ? ep_seg(E, P, all, me, j) : ep_seg(E, P, all, j, me)) * rb;
+    ns += sb[j], nr += rbytes[j];
+  }
+  size_t tb = (rev ? ns : nr) > 0 ? (rev ? ns : nr) : 1; /* the by-rank rows */
+  gpu_ptr tmp = 0;
+  char m[1024];
+  int rc = pool_get(x->rt, tb, &tmp) != 0 ? fail(x, id, "%s", gpu_error(x->rt->g)) : 0;
+  if (rc == 0 && !rev) {
+    if (gpu_comm_all_to_all_v(x->comm, COMM_EP, a->p, so, sb, tmp, ro, rbytes, m, sizeof m) != 0) rc = fail(x, id, "%s", m);
+    if (rc == 0) rc = ep_regroup(x, id, P, me, E, all, tmp, x->val[id].p, rb, 1);
+  } else if (rc == 0) {
+    rc = ep_regroup(x, id, P, me, E, all, a->p, tmp, rb, 0);
+    if (rc == 0 && gpu_comm_all_to_all_v(x->comm, COMM_EP, tmp, so, sb, x->val[id].p, ro, rbytes, m, sizeof m) != 0)
+      rc = fail(x, id, "%s", m);
+  }
+  if (tmp) pool_put(x->rt, tmp, tb); /* stream order keeps it for the queued copies */
+  free(so);
+  return rc;
+}
+
+static int exec_EP_LOCAL_COUNTS(gx *x, int id) {
+  int P, me;
+  const int32_t *all = ep_all_counts(x, id, &P, &me);
+  if (!all) return -1;
+  int64_t E = ir_get_int(N(id), "experts", 0), El = N(id)->type.dims[0];
+  if (El != E / P) return fail(x, id, "%lld local counts, but %lld experts over %d EP ranks", (long long)El, (long long)E, P);
+  int32_t *loc = malloc((size_t)(El > 0 ? El : 1) * 4);
+  if (!loc) return fail(x, id, "out of host memory");
+  ep_local_counts(P, me, E, all, loc);
+  if (alloc_out(x, id, El, 0) || gpu_upload(x->rt->g, x->val[id].p, loc, (size_t)El * 4) != 0) {
+    free(loc);
+    return x->val[id].bytes ? fail(x, id, "%s", gpu_error(x->rt->g)) : -1;
+  }
+  x->hcounts[id] = loc; /* the grouped GEMMs read them on the host: no download */
+  return 0;
+}
 
 static int exec_AUX_LOSS(gx *x, int id) {
   const dev_value *l = V(id, 0);
-  if (N(id)->n_in == 3) return no_parallel(x, id);
+  float coef = (float)ir_get_float(N(id), "coef", 0);
   if (alloc_out(x, id, 1, 0)) return -1;
-  return ck(x, id, rt_cuda_aux_loss_fwd(KX, l->p, V(id, 1)->p, x->val[id].p, l->rows, INCOLS(id, 0), INCOLS(id, 1),
-                                        (float)ir_get_float(N(id), "coef", 0)));
+  if (N(id)->n_in == 3) /* with the routes of all ranks: this rank's share */
+    return ck(x, id, rt_cuda_aux_loss_share_fwd(KX, l->p, V(id, 2)->p, x->val[id].p, l->rows, INCOLS(id, 0), INCOLS(id, 1), coef));
+  return ck(x, id, rt_cuda_aux_loss_fwd(KX, l->p, V(id, 1)->p, x->val[id].p, l->rows, INCOLS(id, 0), INCOLS(id, 1), coef));
+}
+
+/* z_loss's coefficient; with global_tokens (this rank's share of the loss over all ranks),
+ * scaled so the kernel's mean over the T local tokens becomes the sum over global_tokens
+ * (as cpu_exec's z_coef). */
+static float z_coef(gx *x, int id, int64_t T) {
+  double coef = ir_get_float(N(id), "coef", 0);
+  int64_t g = ir_get_int(N(id), "global_tokens", 0);
+  return (float)(g > 0 ? coef * (double)T / (double)g : coef);
 }
 
 static int exec_Z_LOSS(gx *x, int id) {
   const dev_value *l = V(id, 0);
-  if (ir_get_int(N(id), "global_tokens", 0) > 0) return no_parallel(x, id);
   if (alloc_out(x, id, 1, 0)) return -1;
-  return ck(x, id, rt_cuda_z_loss_fwd(KX, l->p, x->val[id].p, l->rows, INCOLS(id, 0), (float)ir_get_float(N(id), "coef", 0)));
+  return ck(x, id, rt_cuda_z_loss_fwd(KX, l->p, x->val[id].p, l->rows, INCOLS(id, 0), z_coef(x, id, l->rows)));
 }
 
 static int exec_DISPATCH(gx *x, int id) {
@@ -523,8 +658,10 @@ ELEMENTWISE_1(SILU_BWD, rt_cuda_silu_bwd(KX, DT(x, id), V(id, 1)->p, a->p, x->va
 
 static int exec_CROSS_ENTROPY(gx *x, int id) {
   const dev_value *l = V(id, 0);
-  if (N(id)->n_in == 3) return no_parallel(x, id);
   if (alloc_out(x, id, 1, 0)) return -1;
+  if (N(id)->n_in == 3) /* with the global label count: this rank's share of the global mean */
+    return ck(x, id, rt_cuda_cross_entropy_share_fwd(KX, DT(x, N(id)->in[0]), l->p, V(id, 1)->p, V(id, 2)->p, x->val[id].p,
+                                                     l->rows, INCOLS(id, 0)));
   return ck(x, id, rt_cuda_cross_entropy_fwd(KX, DT(x, N(id)->in[0]), l->p, V(id, 1)->p, x->val[id].p, l->rows,
                                              INCOLS(id, 0)));
 }
@@ -598,18 +735,18 @@ static int exec_ROUTE_WEIGHTS_BWD(gx *x, int id) {
 
 static int exec_AUX_LOSS_BWD(gx *x, int id) {
   const dev_value *l = V(id, 1);
-  if (N(id)->n_in == 4) return no_parallel(x, id);
   if (alloc_out(x, id, l->rows, 1)) return -1;
+  if (N(id)->n_in == 4)
+    return ck(x, id, rt_cuda_aux_loss_share_bwd(KX, l->p, V(id, 3)->p, V(id, 0)->p, x->val[id].p, l->rows, COLS(id),
+                                                INCOLS(id, 2), (float)ir_get_float(N(id), "coef", 0)));
   return ck(x, id, rt_cuda_aux_loss_bwd(KX, l->p, V(id, 2)->p, V(id, 0)->p, x->val[id].p, l->rows, COLS(id),
                                         INCOLS(id, 2), (float)ir_get_float(N(id), "coef", 0)));
 }
 
 static int exec_Z_LOSS_BWD(gx *x, int id) {
   const dev_value *l = V(id, 1);
-  if (ir_get_int(N(id), "global_tokens", 0) > 0) return no_parallel(x, id);
   if (alloc_out(x, id, l->rows, 1)) return -1;
-  return ck(x, id, rt_cuda_z_loss_bwd(KX, l->p, V(id, 0)->p, x->val[id].p, l->rows, COLS(id),
-                                      (float)ir_get_float(N(id), "coef", 0)));
+  return ck(x, id, rt_cuda_z_loss_bwd(KX, l->p, V(id, 0)->p, x->val[id].p, l->rows, COLS(id), z_coef(x, id, l->rows)));
 }
 
 static int exec_DISPATCH_BWD(gx *x, int id) {
@@ -668,10 +805,31 @@ static int exec_COMBINE_BWD_W(gx *x, int id) {
 
 static int exec_CROSS_ENTROPY_BWD(gx *x, int id) {
   const dev_value *l = V(id, 1);
-  if (N(id)->n_in == 4) return no_parallel(x, id);
   if (alloc_out(x, id, l->rows, 0)) return -1;
+  if (N(id)->n_in == 4)
+    return ck(x, id, rt_cuda_cross_entropy_share_bwd(KX, DT(x, N(id)->in[1]), l->p, V(id, 2)->p, V(id, 3)->p, V(id, 0)->p,
+                                                     x->val[id].p, l->rows, COLS(id)));
   return ck(x, id, rt_cuda_cross_entropy_bwd(KX, DT(x, N(id)->in[1]), l->p, V(id, 2)->p, V(id, 0)->p, x->val[id].p,
                                              l->rows, COLS(id)));
+}
+
+static int grad_norm_ep(gx *x, int id, const gpu_ptr *bufs, const cg_dtype *dts, const int64_t *sizes, int n, int k) {
+  gpu_ptr en = 0;
+  float d = 0, e = 0;
+  char m[1024];
+  if (need_comm(x, id)) return -1;
+  if (pool_get(x->rt, 4, &en) != 0) return fail(x, id, "%s", gpu_error(x->rt->g));
+  int rc = ck(x, id, rt_cuda_grad_norm(KX, bufs, dts, sizes, k, x->val[id].p));
+  if (rc == 0) rc = ck(x, id, rt_cuda_grad_norm(KX, bufs + k, dts + k, sizes + k, n - k, en));
+  if (rc == 0 && (gpu_download(x->rt->g, &d, x->val[id].p, 4) || gpu_download(x->rt->g, &e, en, 4)))
+    rc = fail(x, id, "%s", gpu_error(x->rt->g));
+  pool_put(x->rt, en, 4);
+  float e2 = (float)pow(e, 2);
+  if (rc == 0 && comm_all_reduce_sum(gpu_comm_host_group(x->comm, COMM_EP), &e2, 1, COMM_F32, m, sizeof m) != 0)
+    rc = fail(x, id, "%s", m);
+  float gn = (float)sqrt((double)d * d + (double)e2);
+  if (rc == 0 && gpu_upload(x->rt->g, x->val[id].p, &gn, 4) != 0) rc = fail(x, id, "%s", gpu_error(x->rt->g));
+  return rc;
 }
 
 static int exec_GRAD_NORM(gx *x, int id) {
@@ -685,7 +843,11 @@ static int exec_GRAD_NORM(gx *x, int id) {
     sizes[i] = V(id, i)->numel;
     dts[i] = DT(x, N(id)->in[i]);
   }
-  if (rc == 0) rc = ck(x, id, rt_cuda_grad_norm(KX, bufs, dts, sizes, n, x->val[id].p));
+  /* with sharded experts (operands from expert_from on): sqrt(dense^2 + sum over EP of expert^2),
+     the one-rank norm, so every rank clips alike (as cpu_exec; the two norms via the host) */
+  int k = (int)ir_get_int(N(id), "expert_from", n);
+  if (rc == 0 && k < n) rc = grad_norm_ep(x, id, bufs, dts, sizes, n, k);
+  else if (rc == 0) rc = ck(x, id, rt_cuda_grad_norm(KX, bufs, dts, sizes, n, x->val[id].p));
   if (rc == 0) x->gnorm = x->val[id].p;
   free(bufs);
   free(sizes);
@@ -1140,9 +1302,11 @@ static const exec_fn exec_table[] = {
 static_assert(sizeof exec_table / sizeof exec_table[0] == OP_COUNT, "one GPU exec function per op");
 
 static void hcounts_release(gx *x) {
-  if (!x->hcounts) return;
-  for (int i = 0; i < x->g->n_nodes; i++) free(x->hcounts[i]), x->hcounts[i] = NULL;
+  for (int i = 0; x->hcounts && i < x->g->n_nodes; i++) free(x->hcounts[i]), x->hcounts[i] = NULL;
+  for (int i = 0; x->ep_all && i < x->g->n_nodes; i++) free(x->ep_all[i]), x->ep_all[i] = NULL;
 }
+
+void gpu_exec_set_comm(gpu_exec *x, gpu_comm *c) { x->comm = c; }
 
 gpu_exec *gpu_exec_new(gpu_runtime *rt, const ir_graph *g, char *err, size_t errlen) {
   gx *x = calloc(1, sizeof *x);
@@ -1189,7 +1353,8 @@ gpu_exec *gpu_exec_new(gpu_runtime *rt, const ir_graph *g, char *err, size_t err
     return NULL;
   }
   x->hcounts = calloc(n, sizeof *x->hcounts);
-  if (!x->hcounts) {
+  x->ep_all = calloc(n, sizeof *x->ep_all);
+  if (!x->hcounts || !x->ep_all) {
     snprintf(err, errlen, "out of host memory");
     gpu_exec_free(x);
     return NULL;
@@ -1218,6 +1383,7 @@ void gpu_exec_free(gpu_exec *x) {
   routes_release(x);
   hcounts_release(x);
   free(x->hcounts);
+  free(x->ep_all);
   gpu_free(x->rt->g, x->tokens);
   gpu_free(x->rt->g, x->labels);
   free(x->param_index);

@@ -21,6 +21,8 @@ typedef struct gpu_exec gpu_exec;
 /* Opens GPU 0, loads NVRTC, cuBLASLt, and uploads the parameters. NULL with a message that
  * says what is missing ("libcuda.so.1 not found (no NVIDIA driver); use --device cpu"). */
 gpu_runtime *gpu_runtime_new(rt_params *ps, const char *dump_dir, char *err, size_t errlen);
+/* The same on GPU `ordinal` (a rank's own GPU under data/expert parallelism). */
+gpu_runtime *gpu_runtime_new_on(rt_params *ps, int ordinal, const char *dump_dir, char *err, size_t errlen);
 void gpu_runtime_free(gpu_runtime *rt);
 /* Copies the device's weights and moments into ps (for checkpoints), or ps into the device. */
 int gpu_runtime_download(gpu_runtime *rt, rt_params *ps, char *err, size_t errlen);
@@ -37,6 +39,10 @@ gpu_exec *gpu_exec_new(gpu_runtime *rt, const ir_graph *g, char *err, size_t err
 /* How many grouped GEMM ops of the graph run their GEMMs in FP8 (gpu_fp8.h). */
 int gpu_exec_fp8_sites(const gpu_exec *x);
 void gpu_exec_free(gpu_exec *x);
+/* Data/expert parallelism: the rank's collectives (gpu_comm.h; the caller keeps c). Without
+ * one, a graph with collectives fails at its first, with a message. */
+struct gpu_comm;
+void gpu_exec_set_comm(gpu_exec *x, struct gpu_comm *c);
 /* As cpu_exec_run. */
 int gpu_exec_run(gpu_exec *x, const int32_t *tokens, const int32_t *labels, int64_t step, float *outputs,
                  double *grad_norm, char *err, size_t errlen);
