@@ -21,21 +21,20 @@
 
 static boot_env env;
 
-int launch_train_check(const char *device, int *cuda) {
+int launch_train_check(void) {
   char err[1024];
   int r = boot_env_read(&env, err, sizeof err);
   if (r < 0) {
     fprintf(stderr, "moec: error: %s\n", err);
     return -1;
   }
-  if (r == 0) return 0;
-  if (device && strcmp(device, "cuda") == 0) {
-    fprintf(stderr, "moec: error: --device cuda with WORLD_SIZE=%d: a world of processes trains on the CPU for now "
-                    "(--device cpu); the NCCL path is not written yet\n", env.world);
-    return -1;
-  }
-  *cuda = 0;
-  return 1;
+  return r != 0;
+}
+
+void launch_local(int *local_rank, int *local_world) {
+  const char *lw = getenv("LOCAL_WORLD_SIZE");
+  *local_rank = env.local_rank;
+  *local_world = lw && atoi(lw) > 0 ? atoi(lw) : 0; /* 0: unknown (torchrun sets it; mpirun may not) */
 }
 
 struct comm_world *launch_train_join(int64_t ep, int64_t dp, int *rank) {

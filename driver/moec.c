@@ -9,6 +9,7 @@
 #include "frontend.h"
 #include "pipeline.h"
 #include "bundle.h"
+#include "gpu_kernels.h"
 #include "gpu_loader.h"
 #include "launch.h"
 #include "memplan.h"
@@ -321,25 +322,19 @@ static int cmd_train(int argc, char **argv) {
     return 1;
   }
   /* WORLD_SIZE > 1: this process is one rank of a world of processes (driver/launch.c) */
-  int multi = launch_train_check(c.device, &c.train.cuda);
+  int multi = launch_train_check();
   if (multi < 0) return 1;
   /* the GPU when one is present, unless asked otherwise */
   char derr[256];
   int n_gpus = 0;
   c.train.cuda = c.device ? strcmp(c.device, "cuda") == 0
                           : gpu_driver_load(derr, sizeof derr) == 0 && gpu_device_count(&n_gpus, derr, sizeof derr) == 0 && n_gpus > 0;
-  if (multi) c.train.cuda = 0;
-  /* on the GPU the naive experts are faster for now (the fused ops run cuBLASLt per expert and
-   * copy weights and slices around them; issue 6's grouped kernel changes that): the step keeps
-   * them unless --passes names the passes (group-linear, grouped-mlp, and mxfp8: FP8 expert
-   * GEMMs with mxfp8(block = 128) on Hopper, else its exact values through bf16 GEMMs) */
-  char gpu_disable[1024];
-  if (c.train.cuda && !c.pipe.passes) {
-    snprintf(gpu_disable, sizeof gpu_disable, "%s%sgroup-linear,grouped-mlp,mxfp8", c.pipe.disable ? c.pipe.disable : "",
-             c.pipe.disable ? "," : "");
-    c.pipe.disable = gpu_disable;
-    fprintf(stderr, "moec: note: --device cuda: group-linear, grouped-mlp and mxfp8 are off by default "
-                    "(--passes=lower,group-linear,grouped-mlp,autodiff,fold-grad-cast,mxfp8,dce turns them on)\n");
+  if (multi) launch_local(&c.train.local_rank, &c.train.local_world);
+  /* a rank that cannot train on a GPU says so before the others wait for it at the bootstrap */
+  char pinfo[256], perr[1024];
+  if (multi && c.train.cuda && rt_cuda_probe(pinfo, sizeof pinfo, perr, sizeof perr) != 0) {
+    fprintf(stderr, "moec: error: --device cuda: %s\n", perr);
+    return 1;
   }
   /* one graph pair per EP rank (each keeps its own experts); DP ranks share them */
   ir_graph *probe = load_rank_model(&c);
@@ -347,6 +342,23 @@ static int cmd_train(int argc, char **argv) {
   int ep = probe->cfg.ep > 1 ? (int)probe->cfg.ep : 1;
   int64_t dp = probe->cfg.dp > 1 ? probe->cfg.dp : 1;
   ir_graph_free(probe);
+  /* on the GPU the naive experts are faster for now (the fused ops run cuBLASLt per expert and
+   * copy weights and slices around them; issue 6's grouped kernel changes that): the step keeps
+   * them unless --passes names the passes (group-linear, grouped-mlp, and mxfp8: FP8 expert
+   * GEMMs with mxfp8(block = 128) on Hopper, else its exact values through bf16 GEMMs) */
+  char gpu_disable[1024];
+  if (c.train.cuda && !c.pipe.passes && ep > 1) { /* expert parallelism needs the fused experts */
+    snprintf(gpu_disable, sizeof gpu_disable, "%s%smxfp8", c.pipe.disable ? c.pipe.disable : "", c.pipe.disable ? "," : "");
+    c.pipe.disable = gpu_disable;
+    fprintf(stderr, "moec: note: --device cuda with ep > 1: group-linear and grouped-mlp stay on (expert parallelism "
+                    "exchanges the fused experts' rows); mxfp8 is off by default\n");
+  } else if (c.train.cuda && !c.pipe.passes) {
+    snprintf(gpu_disable, sizeof gpu_disable, "%s%sgroup-linear,grouped-mlp,mxfp8", c.pipe.disable ? c.pipe.disable : "",
+             c.pipe.disable ? "," : "");
+    c.pipe.disable = gpu_disable;
+    fprintf(stderr, "moec: note: --device cuda: group-linear, grouped-mlp and mxfp8 are off by default "
+                    "(--passes=lower,group-linear,grouped-mlp,autodiff,fold-grad-cast,mxfp8,dce turns them on)\n");
+  }
   if (multi && !(c.train.world = launch_train_join(ep, dp, &c.train.rank))) return 1;
   ir_graph **fwd = calloc((size_t)ep, sizeof *fwd), **step = calloc((size_t)ep, sizeof *step);
   /* the forward graph (validation) takes the same passes, without autodiff, and is not dumped */

@@ -21,33 +21,38 @@ struct gpu_comm {
 
 const char *gpu_comm_kind_name(gpu_comm_kind k) { return k == GPU_COMM_NCCL ? "NCCL" : "host-staged"; }
 
-int gpu_comm_choose(int local, int ngpus, gpu_comm_kind *kind, char *note, size_t notelen, char *err, size_t errlen) {
+/* Why this rank cannot use NCCL (0 when it can). */
+static int nccl_unfit(int local, int nlocal, int ngpus, char *why, size_t len) {
+  char lerr[1024];
+  if (gpu_nccl_load(NULL, lerr, sizeof lerr) != 0) return snprintf(why, len, "%s", lerr), 1;
+  if (local >= ngpus || nlocal > ngpus)
+    return snprintf(why, len, "%d ranks on a node with %d GPU(s) (NCCL needs a GPU per rank)", nlocal > local ? nlocal : local + 1,
+                    ngpus), 1;
+  return 0;
+}
+
+int gpu_comm_agree(comm_world *w, int rank, int local, int nlocal, int ngpus, gpu_comm_kind *kind, char *note,
+                   size_t notelen, char *err, size_t errlen) {
   const char *env = getenv("MOEC_GPU_COMM");
   note[0] = 0;
+  if (env && *env && strcmp(env, "host") != 0 && strcmp(env, "nccl") != 0 && strcmp(env, "auto") != 0)
+    return errf(err, errlen, "MOEC_GPU_COMM=%s: expected host, nccl or auto", env);
+  char why[1024] = "";
+  int32_t unfit = nccl_unfit(local, nlocal, ngpus, why, sizeof why);
+  if (comm_all_reduce_sum(comm_get(w, rank, COMM_WORLD), &unfit, 1, COMM_I32, err, errlen) != 0) return -1;
   if (env && strcmp(env, "host") == 0) {
     *kind = GPU_COMM_HOST;
     return 0;
   }
-  if (env && *env && strcmp(env, "nccl") != 0 && strcmp(env, "auto") != 0)
-    return errf(err, errlen, "MOEC_GPU_COMM=%s: expected host, nccl or auto", env);
-  int forced = env && strcmp(env, "nccl") == 0;
-  char lerr[1024];
-  if (gpu_nccl_load(NULL, lerr, sizeof lerr) != 0) {
-    if (forced) return errf(err, errlen, "MOEC_GPU_COMM=nccl: %s (or MOEC_GPU_COMM=host: collectives through host memory)", lerr);
-    *kind = GPU_COMM_HOST;
-    snprintf(note, notelen, "%s: the ranks' collectives go through host memory (slower); install NCCL or set MOEC_LIBNCCL", lerr);
-    return 0;
-  }
-  if (local > ngpus) {
-    if (forced)
-      return errf(err, errlen, "MOEC_GPU_COMM=nccl: %d ranks on this node but %d GPU(s) visible; NCCL needs a GPU per rank "
-                  "(start fewer ranks per node, or MOEC_GPU_COMM=host lets ranks share a GPU through host memory)", local, ngpus);
-    *kind = GPU_COMM_HOST;
-    snprintf(note, notelen, "%d ranks share %d GPU(s): the collectives go through host memory (NCCL needs a GPU per rank)",
-             local, ngpus);
-    return 0;
-  }
-  *kind = GPU_COMM_NCCL;
+  if (unfit && env && strcmp(env, "nccl") == 0)
+    return why[0] ? errf(err, errlen, "MOEC_GPU_COMM=nccl: %s; install NCCL or set MOEC_LIBNCCL, start fewer ranks per node, "
+                         "or MOEC_GPU_COMM=host (collectives through host memory; ranks may share a GPU)", why)
+                  : errf(err, errlen, "MOEC_GPU_COMM=nccl: %d other rank(s) cannot use NCCL (their messages say why)", unfit);
+  *kind = unfit ? GPU_COMM_HOST : GPU_COMM_NCCL;
+  if (unfit && why[0])
+    snprintf(note, notelen, "%s: the collectives go through host memory (slower; install NCCL for one GPU per rank)", why);
+  else if (unfit)
+    snprintf(note, notelen, "%d rank(s) cannot use NCCL: the collectives go through host memory", unfit);
   return 0;
 }
 

@@ -17,6 +17,7 @@
 #include "cpu_exec.h"
 #include "cpu_kernels.h"
 #include "data.h"
+#include "gpu_comm.h"
 #include "gpu_exec.h"
 #include "gpu_loader.h"
 #include "memplan.h"
@@ -251,6 +252,7 @@ typedef struct {
   cpu_exec *cpu_step, *cpu_fwd;
   gpu_runtime *rt;
   gpu_exec *gpu_step, *gpu_fwd;
+  gpu_comm *gcomm; /* ranks on GPUs: their collectives (host-staged or NCCL) */
 } executors;
 
 static int exec_run(executors *e, int fwd, const int32_t *tok, const int32_t *lab, int64_t step, float *out,
@@ -259,7 +261,8 @@ static int exec_run(executors *e, int fwd, const int32_t *tok, const int32_t *la
   return cpu_exec_run(fwd ? e->cpu_fwd : e->cpu_step, tok, lab, step, out, gnorm, err, errlen);
 }
 
-static void executors_free(executors *e) {
+static void executors_free(executors *e, int failed) {
+  gpu_comm_free(e->gcomm, failed); /* before its GPU's context goes */
   cpu_exec_free(e->cpu_step);
   cpu_exec_free(e->cpu_fwd);
   gpu_exec_free(e->gpu_step);
@@ -328,6 +331,41 @@ static int save_any(ep_view *ev, const rank_ctx *r, int ep, int64_t step, double
   return rc;
 }
 
+/* Ranks on GPUs: rank r on GPU (local rank mod GPUs), and its collectives, host-staged or NCCL
+ * as all ranks agree (gpu_comm_agree). Every rank makes the same collective calls here. */
+static int gpu_rank_setup(rank_ctx *r, rt_params *ps, executors *ex, FILE *msgf, char *err, size_t errlen) {
+  const train_opts *o = r->o;
+  int ngpus = 0, local = o->world ? o->local_rank : r->rank, nlocal = o->world ? o->local_world : r->world;
+  char e[1024] = "";
+  if (gpu_driver_load(e, sizeof e) != 0 || gpu_device_count(&ngpus, e, sizeof e) != 0 || ngpus < 1) {
+    snprintf(err, errlen, "%s", e[0] ? e : "the NVIDIA driver sees no GPU; use --device cpu");
+    fprintf(msgf, "moec: error: --device cuda: %s\n", err);
+    return -1;
+  }
+  if (!(ex->rt = gpu_runtime_new_on(ps, local % ngpus, o->dump_dir, err, errlen))) {
+    fprintf(msgf, "moec: error: --device cuda: %s\n", err);
+    return -1;
+  }
+  if (!(ex->gpu_step = gpu_exec_new(ex->rt, r->step_g, err, errlen)) || !(ex->gpu_fwd = gpu_exec_new(ex->rt, r->fwd, err, errlen))) {
+    fprintf(msgf, "moec: error: --device cuda: %s\n", err);
+    return -1;
+  }
+  if (!r->comm) return 0;
+  gpu_comm_kind kind;
+  char note[1400];
+  if (gpu_comm_agree(r->comm, r->rank, local, nlocal, ngpus, &kind, note, sizeof note, err, errlen) != 0 ||
+      !(ex->gcomm = gpu_comm_new(kind, r->comm, r->rank, gpu_runtime_ctx(ex->rt), err, errlen))) {
+    fprintf(stderr, "moec: error: rank %d: --device cuda: %s\n", r->rank, err);
+    return -1;
+  }
+  if (note[0]) fprintf(msgf, "moec: note: %s\n", note);
+  fprintf(msgf, "collectives between the ranks' GPUs: %s (rank 0 on GPU %d of %d: %s)\n", gpu_comm_kind_name(kind),
+          local % ngpus, ngpus, gpu_runtime_device(ex->rt));
+  gpu_exec_set_comm(ex->gpu_step, ex->gcomm);
+  gpu_exec_set_comm(ex->gpu_fwd, ex->gcomm);
+  return 0;
+}
+
 static int train_rank(rank_ctx *r) {
   const ir_graph *fwd = r->fwd, *step_g = r->step_g;
   const train_opts *o = r->o;
@@ -377,14 +415,7 @@ static int train_rank(rank_ctx *r) {
     fprintf(msgf, "resumed from %s at step %lld\n", o->ckpt_dir, (long long)ps->step);
   }
   if (o->cuda) {
-    if (!(ex.rt = gpu_runtime_new(ps, o->dump_dir, err, sizeof err))) {
-      fprintf(msgf, "moec: error: --device cuda: %s\n", err);
-      goto done;
-    }
-    if (!(ex.gpu_step = gpu_exec_new(ex.rt, step_g, err, sizeof err)) || !(ex.gpu_fwd = gpu_exec_new(ex.rt, fwd, err, sizeof err))) {
-      fprintf(msgf, "moec: error: --device cuda: %s\n", err);
-      goto done;
-    }
+    if (gpu_rank_setup(r, ps, &ex, msgf, err, sizeof err)) goto done;
   } else if (!(ex.cpu_step = cpu_exec_new(step_g, ps, err, sizeof err)) || !(ex.cpu_fwd = cpu_exec_new(fwd, ps, err, sizeof err))) {
     fprintf(msgf, "moec: internal error: %s\n", err);
     goto done;
@@ -491,7 +522,7 @@ done:
     fprintf(msgf, "moec: error: --log %s: write failed: %s\n", o->log_path, strerror(errno));
     rc = 1;
   }
-  executors_free(&ex);
+  executors_free(&ex, rc != 0);
   if (ev.parts != &self) ep_view_free(&ev);
   rt_params_free(ps);
   free(tok);
@@ -511,11 +542,6 @@ static void *rank_main(void *p) {
 static int train_ranks(const ir_graph *const *fwds, const ir_graph *const *steps, const train_opts *o, const data_set *d, int64_t world) {
   const ir_graph *step_g = steps[0];
   int ep = step_g->cfg.ep > 1 ? (int)step_g->cfg.ep : 1;
-  if (o->cuda) {
-    fprintf(stderr, "moec: error: ep x dp = %lld ranks run on the CPU for now (--device cpu); the NCCL path is not written yet\n",
-            (long long)world);
-    return 1;
-  }
   const char *t = getenv("MOEC_COMM_TIMEOUT");
   double timeout = t && atof(t) > 0 ? atof(t) : 600;
   comm_world *w = comm_world_new((int)step_g->cfg.ep, (int)step_g->cfg.dp, timeout);

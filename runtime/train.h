@@ -16,11 +16,12 @@ typedef struct {
   int resume;            /* --resume from ckpt_dir/latest */
   int64_t val_batches;   /* batches per validation (0: default) */
   int progress;          /* 1: progress bar (a terminal), 0: plain lines */
-  int cuda;              /* 1: train on GPU 0 (gpu_exec), 0: the CPU reference executor */
+  int cuda;              /* 1: train on GPUs (gpu_exec; rank r on GPU r mod GPUs), 0: the CPU reference executor */
   const char *dump_dir;  /* --dump-dir: generated kernel sources and NVRTC logs */
   struct comm_world *world; /* multi-process (WORLD_SIZE > 1): this process is rank `rank` of this
                                world (comm_tcp_new); NULL: ep x dp ranks as threads here */
   int rank;
+  int local_rank, local_world; /* multi-process: LOCAL_RANK and LOCAL_WORLD_SIZE (the GPU of this rank) */
 } train_opts;
 
 /* Trains: fwd is the forward graph (validation), step the training-step graph (forward,
