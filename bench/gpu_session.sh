@@ -3,6 +3,7 @@
 # pick parts whose limits, in brackets, add up to less):
 #   kernels  test_gpu_kernels against the CPU, test_gpu_nccl (one-rank world)    [210 s]
 #   step     test_gpu_step: tiny and l0_sanity, 20 steps against the CPU        [240 s]
+#   parallel test_gpu_parallel: dp=2, ep=2, ep=2 x dp=2 vs one rank (host-staged; NCCL with 2+ GPUs) [300 s]
 #   genos    genos_1b bf16 naive + peer                                         [200 s]
 #   profile  genos_1b bf16 naive with MOEC_PROFILE=1 (reuses genos's peer)      [120 s]
 #   fused    genos_1b bf16 and mxfp8 on the fused pipeline (reuses the peer)    [300 s]
@@ -42,6 +43,9 @@ for part in "${parts[@]}"; do
   step)
     timeout 240 "$C/test_gpu_step" >"$L/step.log" 2>&1; echo "rc $?"
     grep "worst loss\|fail\|between steps" "$L/step.log" | head -16 ;;
+  parallel)
+    env MOEC=$C/moec timeout 300 "$C/test_gpu_parallel" >"$L/parallel.log" 2>&1; echo "rc $?"
+    grep "vs one rank\|FAIL\|SKIP\|gpu_comm\|test_gpu_parallel" "$L/parallel.log" | head -20 ;;
   genos)
     bench LOGDIR=$L/genos timeout 200 bash bench/run_bench.sh genos_1b ;;
   profile)
@@ -82,7 +86,7 @@ for part in "${parts[@]}"; do
     awk '/^done:/ {for (i = 1; i <= NF; i++) if ($i == "val_loss") v[FILENAME] = $(i + 1)}
          END {b = v[ARGV[1]]; m = v[ARGV[2]]; if (b > 0 && m > 0) printf "final val_loss bf16 %s, mxfp8 %s, mxfp8/bf16 - 1 = %+.2f%%\n", b, m, 100 * (m / b - 1)}' \
       "$L/chr20_bf16.out" "$L/chr20_mxfp8.out" ;;
-  *) echo "unknown part '$part' (kernels step genos profile fused fp8 fp8prof og2 ggemm chr20)" ;;
+  *) echo "unknown part '$part' (kernels step parallel genos profile fused fp8 fp8prof og2 ggemm chr20)" ;;
   esac
 done
 echo "== done ($(date -u +%H:%M:%S))"

@@ -8,12 +8,12 @@
 #include <string.h>
 
 #include "check.h"
-#include "safetensors.h"
+#include "parallel_test.h"
 
 #define SMALL "--set hidden=32 --set ffn=48 --set seq=64 --set batch=4 --set heads=4 --set kv_heads=2 " \
               "--set val_every=0 --val-batches 1 --device cpu"
 
-static const char *moec, *tmp;
+static const char *moec;
 
 static int run(const char *args, const char *tag) {
   char cmd[2048];
@@ -22,61 +22,7 @@ static int run(const char *args, const char *tag) {
   return system(cmd);
 }
 
-/* "loss", "ce" and "grad_norm" of every step line, in order. */
-static int read_log(const char *tag, double *v, int max) {
-  char path[1024], line[1024];
-  snprintf(path, sizeof path, "%s/%s.jsonl", tmp, tag);
-  FILE *f = fopen(path, "r");
-  int n = 0;
-  while (f && fgets(line, sizeof line, f))
-    for (const char *key = "\"loss\":"; strstr(line, "\"step\"") && strstr(line, key) && n + 3 <= max; key = NULL) {
-      v[n++] = atof(strstr(line, "\"loss\":") + 7);
-      v[n++] = atof(strstr(line, "\"ce\":") + 5);
-      v[n++] = atof(strstr(line, "\"grad_norm\":") + 12);
-      break;
-    }
-  if (f) fclose(f);
-  return n;
-}
-
-static double rel(double a, double b) { return fabs(a - b) / fmax(fabs(b), 1e-30); }
-
-/* Max over tensors of max|a - b| / max|b| (each tensor's scale), in file `which`. */
-static double compare_ckpt(const char *a, const char *b, const char *step, const char *which) {
-  char pa[1024], pb[1024], err[512];
-  snprintf(pa, sizeof pa, "%s/%s/%s/%s", tmp, a, step, which);
-  snprintf(pb, sizeof pb, "%s/%s/%s/%s", tmp, b, step, which);
-  st_file *fa = st_open(pa, err, sizeof err), *fb = st_open(pb, err, sizeof err);
-  CHECK(fa && fb, "open %s / %s: %s", pa, pb, err);
-  double worst = fa && fb ? 0 : INFINITY;
-  for (size_t i = 0; fa && fb && i < st_count(fa); i++) {
-    const st_view *va = st_at(fa, i), *vb = st_find(fb, va->name);
-    CHECK(vb && vb->numel == va->numel && va->dtype == ST_F32, "%s: %s missing or different", which, va->name);
-    if (!vb || vb->numel != va->numel || va->dtype != ST_F32) continue;
-    const float *x = va->data, *y = vb->data;
-    double d = 0, m = 0;
-    for (int64_t k = 0; k < va->numel; k++) {
-      d = fmax(d, fabs((double)x[k] - (double)y[k]));
-      m = fmax(m, fabs((double)y[k]));
-    }
-    if (m > 0) worst = fmax(worst, d / m);
-  }
-  st_close(fa);
-  st_close(fb);
-  return worst;
-}
-
-static void same_as_one_rank(const char *tag, int steps) {
-  double a[64], b[64];
-  int na = read_log("dp1", a, 64), nb = read_log(tag, b, 64);
-  CHECK(na == 3 * steps && nb == na, "%s: %d and %d logged values", tag, na, nb);
-  double worst = 0;
-  for (int i = 0; i < na && i < nb; i++) worst = fmax(worst, rel(b[i], a[i]));
-  double w = compare_ckpt("dp1", tag, "step-00000006", "model.safetensors");
-  double m = compare_ckpt("dp1", tag, "step-00000006", "optimizer.safetensors");
-  printf("%s vs one rank: losses/grad norms %.2e, weights %.2e, Adam moments %.2e (max relative)\n", tag, worst, w, m);
-  CHECK(worst <= 1e-5 && w <= 1e-5 && m <= 1e-5, "%s differs from one rank beyond 1e-5", tag);
-}
+static void same_as_one_rank(const char *tag, int steps) { same_as("dp1", tag, steps); }
 
 int main(void) {
   moec = getenv("MOEC");

@@ -1,0 +1,76 @@
+/* parallel_test.h -- what the data/expert-parallel equivalence tests share (test_parallel on the
+ * CPU, test_gpu_parallel on GPUs): the values a `moec train --log` wrote, and the comparison of
+ * a run's losses, weights and Adam moments with the one-rank run's. Runs live in tmp/TAG.jsonl
+ * and tmp/TAG/step-N. Include once per test program, after check.h. */
+#ifndef MOEC_PARALLEL_TEST_H
+#define MOEC_PARALLEL_TEST_H
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "safetensors.h"
+
+static const char *tmp;
+
+/* "loss", "ce" and "grad_norm" of every step line, in order. */
+static int read_log(const char *tag, double *v, int max) {
+  char path[1024], line[1024];
+  snprintf(path, sizeof path, "%s/%s.jsonl", tmp, tag);
+  FILE *f = fopen(path, "r");
+  int n = 0;
+  while (f && fgets(line, sizeof line, f))
+    for (const char *key = "\"loss\":"; strstr(line, "\"step\"") && strstr(line, key) && n + 3 <= max; key = NULL) {
+      v[n++] = atof(strstr(line, "\"loss\":") + 7);
+      v[n++] = atof(strstr(line, "\"ce\":") + 5);
+      v[n++] = atof(strstr(line, "\"grad_norm\":") + 12);
+      break;
+    }
+  if (f) fclose(f);
+  return n;
+}
+
+static double rel(double a, double b) { return fabs(a - b) / fmax(fabs(b), 1e-30); }
+
+/* Max over tensors of max|a - b| / max|b| (each tensor's scale), in file `which`. */
+static double compare_ckpt(const char *a, const char *b, const char *step, const char *which) {
+  char pa[1024], pb[1024], err[512];
+  snprintf(pa, sizeof pa, "%s/%s/%s/%s", tmp, a, step, which);
+  snprintf(pb, sizeof pb, "%s/%s/%s/%s", tmp, b, step, which);
+  st_file *fa = st_open(pa, err, sizeof err), *fb = st_open(pb, err, sizeof err);
+  CHECK(fa && fb, "open %s / %s: %s", pa, pb, err);
+  double worst = fa && fb ? 0 : INFINITY;
+  for (size_t i = 0; fa && fb && i < st_count(fa); i++) {
+    const st_view *va = st_at(fa, i), *vb = st_find(fb, va->name);
+    CHECK(vb && vb->numel == va->numel && va->dtype == ST_F32, "%s: %s missing or different", which, va->name);
+    if (!vb || vb->numel != va->numel || va->dtype != ST_F32) continue;
+    const float *x = va->data, *y = vb->data;
+    double d = 0, m = 0;
+    for (int64_t k = 0; k < va->numel; k++) {
+      d = fmax(d, fabs((double)x[k] - (double)y[k]));
+      m = fmax(m, fabs((double)y[k]));
+    }
+    if (m > 0) worst = fmax(worst, d / m);
+  }
+  st_close(fa);
+  st_close(fb);
+  return worst;
+}
+
+/* Run `tag` against run `one` (one rank) after `steps` steps: losses, grad norms, weights and
+ * moments within 1e-5 relative. */
+static void same_as(const char *one, const char *tag, int steps) {
+  double a[64], b[64];
+  char step[32];
+  snprintf(step, sizeof step, "step-%08d", steps);
+  int na = read_log(one, a, 64), nb = read_log(tag, b, 64);
+  CHECK(na == 3 * steps && nb == na, "%s: %d and %d logged values", tag, na, nb);
+  double worst = 0;
+  for (int i = 0; i < na && i < nb; i++) worst = fmax(worst, rel(b[i], a[i]));
+  double w = compare_ckpt(one, tag, step, "model.safetensors");
+  double m = compare_ckpt(one, tag, step, "optimizer.safetensors");
+  printf("%s vs one rank: losses/grad norms %.2e, weights %.2e, Adam moments %.2e (max relative)\n", tag, worst, w, m);
+  CHECK(worst <= 1e-5 && w <= 1e-5 && m <= 1e-5, "%s differs from one rank beyond 1e-5", tag);
+}
+
+#endif
