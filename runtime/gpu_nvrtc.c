@@ -158,10 +158,12 @@ static char *read_file(const char *path, size_t *size) {
   return buf;
 }
 
-/* Writes via a temporary name and rename(), so that readers see all or nothing. */
+/* Writes via a temporary name and rename(), so that readers see all or nothing. The name is
+ * unique per process and call: ranks as threads of one process may write the same entry. */
 static int write_file(const char *path, const void *data, size_t n) {
+  static _Atomic unsigned seq;
   char tmp[1100];
-  fmt(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
+  fmt(tmp, sizeof tmp, "%s.tmp.%ld.%u", path, (long)getpid(), seq++);
   FILE *f = fopen(tmp, "wb");
   if (!f) return -1;
   int ok = fwrite(data, 1, n, f) == n;
