@@ -205,6 +205,31 @@ static const char *const src =
     "  }\n"
     "}\n"
     "\n"
+    "// The same along the last axis (inner = 1, no counts), where one thread a unit would read\n"
+    "// and write GROUP elements apart from its neighbours: TPG lanes take a unit, EPT consecutive\n"
+    "// elements each (as mxfp8_quantize), so a warp's accesses are consecutive. units: units per\n"
+    "// line (L / GROUP rounded up; a short last unit counts as zero-padded).\n"
+    "template <class X, class Y> __device__ void mxfp8_qdq_last(const X *x, Y *y, i64 outer, i64 L, i64 units) {\n"
+    "  const i64 tid = (i64)blockIdx.x * blockDim.x + threadIdx.x;\n"
+    "  const i64 g = tid / TPG, o = g / units, s0 = g % units * GROUP + tid % TPG * EPT;\n"
+    "  const bool on = g < outer * units;\n"
+    "  float v[EPT];\n"
+    "  float amax = 0.0f;\n"
+    "#pragma unroll\n"
+    "  for (int j = 0; j < EPT; j++) {\n"
+    "    v[j] = on && s0 + j < L ? ld(x + o * L + s0 + j) : 0.0f;\n"
+    "    amax = fmaxf(amax, amax_key(v[j]));\n"
+    "  }\n"
+    "#pragma unroll\n"
+    "  for (int m = TPG / 2; m > 0; m >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, m));\n"
+    "  if (!on) return;\n"
+    "  const int code = amax == f32_inf() ? 0xFF : e8m0_for_amax(amax);\n"
+    "  const float mul = code == 0xFF ? 0.0f : pow2f(127 - code);\n"
+    "#pragma unroll\n"
+    "  for (int j = 0; j < EPT; j++)\n"
+    "    if (s0 + j < L) st(y + o * L + s0 + j, mx_roundtrip(v[j], code, mul));\n"
+    "}\n"
+    "\n"
     "// FP8 GEMM operands (cuBLASLt VEC128_32F: one f32 scale per 128 of K, one GEMM per expert).\n"
     "// Segment e's scales start at a multiple of 4 floats (16 bytes): fp8_scale_floats.\n"
     "__device__ __forceinline__ i64 fp8_scale_floats(i64 m, i64 K) { return (m * (K / 128) + 3) / 4 * 4; }\n"
@@ -305,6 +330,8 @@ void cg_emit_mxfp8(cg_buf *b, const cg_variant *v, int emu) {
       cg_entry(b, CG_NT_MX, "moec_mxfp8_qdq_${x}_${w}",
                "const ${X} *x, ${W} *y, i64 outer, i64 L, i64 inner, i64 units, const int *counts, i64 E",
                "mxfp8_qdq<${X}, ${W}>", kv, emu);
+      cg_entry(b, CG_NT_MX, "moec_mxfp8_qdq_last_${x}_${w}", "const ${X} *x, ${W} *y, i64 outer, i64 L, i64 units",
+               "mxfp8_qdq_last<${X}, ${W}>", kv, emu);
     }
   }
 }

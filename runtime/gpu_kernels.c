@@ -144,6 +144,7 @@ static const struct {
     {CG_FAM_OPTIM, "adamw", 1},               {CG_FAM_OPTIM, "sumsq_partial", 1}, {CG_FAM_OPTIM, "sumsq_table", 1},
     {CG_FAM_OPTIM, "grad_norm_final", 0},     {CG_FAM_MXFP8, "mxfp8_quantize", 1},
     {CG_FAM_MXFP8, "mxfp8_quantize_cols", 1}, {CG_FAM_MXFP8, "mxfp8_dequantize", 1}, {CG_FAM_MXFP8, "mxfp8_qdq", 2},
+    {CG_FAM_MXFP8, "mxfp8_qdq_last", 2},
     {CG_FAM_GROUPED, "perm_from_pos", 0},     {CG_FAM_GROUPED, "perm_invert", 0},
     {CG_FAM_GROUPED, "expert_probs", 0},      {CG_FAM_GROUPED, "grouped_colsum", 1},
     {CG_FAM_GROUPED, "mlp_act", 1},           {CG_FAM_GROUPED, "expert_permute", 2},

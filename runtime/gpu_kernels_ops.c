@@ -487,6 +487,12 @@ int rt_cuda_mxfp8_qdq(rt_cuda *k, cg_dtype tx, gpu_ptr x, cg_dtype ty, gpu_ptr y
   for (int d = axis + 1; d < rank; d++) inner *= dims[d];
   int64_t units = (L + group - 1) / group + (counts ? E : 0), n = outer * inner * units;
   char name[64];
+  if (inner == 1 && !counts) { /* along the last axis: lanes share a unit (cg_mxfp8.c) */
+    int64_t tpg = group < 32 ? group : 32;
+    KN("mxfp8_qdq_last", 2, tx, ty);
+    return rtk_launch(k, CG_FAM_MXFP8, &v, name, rtk_blocks(outer * units * tpg, CG_NT_MX), 1, CG_NT_MX,
+                      ARGS(&x, &y, &outer, &L, &units));
+  }
   KN("mxfp8_qdq", 2, tx, ty);
   return rtk_launch(k, CG_FAM_MXFP8, &v, name, rtk_blocks(n, CG_NT_MX), 1, CG_NT_MX,
                     ARGS(&x, &y, &outer, &L, &inner, &units, &counts, &E));
