@@ -2,7 +2,8 @@
 # One device call's worth of GPU checks and benchmarks, chosen by part (a device call has 600 s;
 # pick parts whose limits, in brackets, add up to less):
 #   kernels  test_gpu_kernels against the CPU, test_gpu_nccl (one-rank world)    [210 s]
-#   step     test_gpu_step: tiny and l0_sanity, 20 steps against the CPU        [240 s]
+#   step     test_gpu_step: tiny and l0_sanity, 20 steps against the CPU        [300 s]
+#   steptiny test_gpu_step on tiny only (MOEC_GPU_STEP_ONLY=tiny)                [120 s]
 #   parallel test_gpu_parallel: dp=2, ep=2, ep=2 x dp=2 vs one rank (host-staged; NCCL with 2+ GPUs) [300 s]
 #   genos    genos_1b bf16 naive + peer                                         [200 s]
 #   profile  genos_1b bf16 naive with MOEC_PROFILE=1 (reuses genos's peer)      [120 s]
@@ -11,8 +12,8 @@
 #   fp8      genos_1b mxfp8(block=128) fused: FP8 expert GEMMs, then MOEC_FP8_GEMM=0 [300 s]
 #   fp8prof  genos_1b mxfp8(block=128) fused with MOEC_PROFILE=1 (reuses genos's peer) [150 s]
 #   ggemm    bench/grouped_gemm.sh: expert GEMMs bf16 / fp8 vs torch._grouped_mm [150 s]
-#   chr20    l0_sanity on human chr20, STEPS20 (2000) steps, bf16 and mxfp8(block=128) side by
-#            side on the GPU; final validation losses and their ratio [300 s]. The genome is
+#   chr20    l0_sanity on human chr20, STEPS20 (2000) steps: bf16 (naive and fused pipelines)
+#            and mxfp8(block=128), side by side on the GPU; final validation losses [300 s]. The genome is
 #            $C/chr20.fa.gz if the carry has it (scripts/fetch_data.sh, 18 MB), else the slice
 # Everything is written to $OUT as it runs (session.log, and the logs of each part under
 # $OUT/logs), so a call cut short still brings back what it did.
@@ -40,9 +41,11 @@ for part in "${parts[@]}"; do
     timeout 150 "$C/test_gpu_kernels" >"$L/kernels.log" 2>&1; echo "rc $?"
     grep -i "fail\|algorithm cache" "$L/kernels.log" | head -12; tail -1 "$L/kernels.log"
     timeout 60 "$C/test_gpu_nccl" 2>&1 | tail -3 ;;
-  step)
-    timeout 240 "$C/test_gpu_step" >"$L/step.log" 2>&1; echo "rc $?"
-    grep "worst loss\|fail\|between steps" "$L/step.log" | head -16 ;;
+  step | steptiny)
+    only=; [ $part = steptiny ] && only=tiny
+    MOEC_GPU_STEP_ONLY=$only timeout $([ $part = step ] && echo 300 || echo 120) "$C/test_gpu_step" >"$L/$part.log" 2>&1
+    echo "rc $?"
+    grep "worst loss\|fail\|between steps" "$L/$part.log" | head -16 ;;
   parallel)
     env MOEC=$C/moec timeout 300 "$C/test_gpu_parallel" >"$L/parallel.log" 2>&1; echo "rc $?"
     grep "vs one rank\|FAIL\|SKIP\|gpu_comm\|test_gpu_parallel" "$L/parallel.log" | head -20 ;;
@@ -73,19 +76,26 @@ for part in "${parts[@]}"; do
     [ -f "$D" ] || D=data/chr20.fa.gz
     [ -f "$D" ] || D=data/chr20_slice.fa.gz
     echo "genome $D, ${STEPS20:-2000} steps"
-    for p in bf16 'mxfp8(block=128)'; do
-      tag=${p%%(*}
+    pids=()
+    for run in bf16:naive bf16:fused 'mxfp8(block=128):fused'; do
+      p=${run%:*} pipe=${run##*:} tag=${run%%(*}
+      tag=${tag%%:*}_$pipe
       args=()
-      [ "$tag" = mxfp8 ] && args=("$FUSED_MX")
+      [ $pipe = fused ] && args=("$FUSED")
+      [ "${p%%(*}" = mxfp8 ] && args=("$FUSED_MX")
       timeout 290 "$C/moec" train models/l0_sanity.moe --device cuda --data "$D" --steps "${STEPS20:-2000}" \
         --set "precision=$p" --set val_every=250 --val-batches 64 --log "$L/chr20_$tag.jsonl" "${args[@]}" \
         >"$L/chr20_$tag.out" 2>&1 &
+      pids+=($!)
     done
-    wait
-    for tag in bf16 mxfp8; do grep "val_loss\|error" "$L/chr20_$tag.out" | tr '\r' '\n' | grep . | tail -3 | sed "s/^/$tag: /"; done
+    wait "${pids[@]}" # (a bare wait would also wait for this script's tee)
+    for tag in bf16_naive bf16_fused mxfp8_fused; do
+      tr '\r' '\n' <"$L/chr20_$tag.out" | grep "val_loss\|error" | tail -2 | sed "s/^/$tag: /"
+    done
     awk '/^done:/ {for (i = 1; i <= NF; i++) if ($i == "val_loss") v[FILENAME] = $(i + 1)}
-         END {b = v[ARGV[1]]; m = v[ARGV[2]]; if (b > 0 && m > 0) printf "final val_loss bf16 %s, mxfp8 %s, mxfp8/bf16 - 1 = %+.2f%%\n", b, m, 100 * (m / b - 1)}' \
-      "$L/chr20_bf16.out" "$L/chr20_mxfp8.out" ;;
+         END {n = v[ARGV[1]]; f = v[ARGV[2]]; m = v[ARGV[3]]
+              if (n > 0 && f > 0 && m > 0) printf "final val_loss: bf16 naive %s, bf16 fused %s, mxfp8 %s; mxfp8 vs bf16 fused %+.2f%%, vs naive %+.2f%%\n", n, f, m, 100 * (m / f - 1), 100 * (m / n - 1)}' \
+      "$L/chr20_bf16_naive.out" "$L/chr20_bf16_fused.out" "$L/chr20_mxfp8_fused.out" ;;
   *) echo "unknown part '$part' (kernels step parallel genos profile fused fp8 fp8prof og2 ggemm chr20)" ;;
   esac
 done

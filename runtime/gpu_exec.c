@@ -224,6 +224,7 @@ struct gpu_exec {
   int grouped_device;     /* MOEC_GROUPED_GEMM=device: the device-driven grouped GEMMs, no host sync */
   int32_t **hcounts;      /* (n_nodes) host copies of expert-count values, downloaded once per step */
   gpu_fp8_plan fp8;       /* which expert GEMMs run in FP8 (MOEC_FP8_GEMM=0: none) */
+  uint8_t *slice_view;    /* (n_nodes) 1: a slice_cols read only by casts, which read its window in place */
   gpu_comm *comm;         /* data/expert parallelism: this rank's collectives (gpu_exec_set_comm) */
   int32_t **ep_all;       /* (n_nodes) the EP group's counts (P x E, host) of a counts value, once per step */
   int64_t step;
@@ -406,6 +407,11 @@ static int exec_CAST(gx *x, int id) {
   if (N(N(id)->in[0])->op == OP_PARAM && DT(x, N(id)->in[0]) == CG_DT_F32 && DT(x, id) == CG_DT_BF16)
     return cast_param(x, id);
   if (alloc_out(x, id, a->rows, 0)) return -1;
+  if (x->slice_view[N(id)->in[0]] && !a->p) { /* cast(slice_cols(s)): the window of s, converted in one pass */
+    int s = N(id)->in[0], src = N(s)->in[0];
+    return ck(x, id, rt_cuda_copy_cols(KX, DT(x, src), DT(x, id), x->val[src].p, COLS(src), ir_get_int(N(s), "start", 0),
+                                       x->val[id].p, COLS(id), 0, a->rows, COLS(id)));
+  }
   return ck(x, id, rt_cuda_cast(KX, DT(x, N(id)->in[0]), a->p, DT(x, id), x->val[id].p, a->numel));
 }
 
@@ -721,6 +727,10 @@ static int exec_ATTENTION_BWD(gx *x, int id) {
 
 static int exec_SLICE_COLS(gx *x, int id) {
   const dev_value *a = V(id, 0);
+  if (x->slice_view[id] && !x->keep_all) { /* its casts read the window of a in place */
+    x->val[id] = (dev_value){.rows = a->rows, .numel = a->rows * COLS(id)};
+    return 0;
+  }
   if (alloc_out(x, id, a->rows, 0)) return -1;
   return ck(x, id, rt_cuda_slice_cols(KX, DT(x, id), a->p, x->val[id].p, a->rows, INCOLS(id, 0),
                                       ir_get_int(N(id), "start", 0), COLS(id)));
@@ -1308,6 +1318,24 @@ static void hcounts_release(gx *x) {
 
 void gpu_exec_set_comm(gpu_exec *x, gpu_comm *c) { x->comm = c; }
 
+/* slice_cols read only by casts (the f32 pieces of grouped_mlp_bwd's rows, cast to bf16 for
+ * the GEMMs): each cast converts its window of the slice's input in one pass (copy_cols), so
+ * the slice writes nothing and its input lives until the last of those casts. */
+static void plan_slice_views(gx *x) {
+  const ir_graph *g = x->g;
+  for (int id = 0; id < g->n_nodes; id++) x->slice_view[id] = g->nodes[id].op == OP_SLICE_COLS;
+  for (int i = 0; i < g->n_outputs; i++) x->slice_view[g->outputs[i]] = 0;
+  for (int id = 0; id < g->n_nodes; id++)
+    for (int j = 0; j < g->nodes[id].n_in; j++)
+      if (g->nodes[id].op != OP_CAST) x->slice_view[g->nodes[id].in[j]] = 0;
+  for (int id = 0; id < g->n_nodes; id++) {
+    const ir_node *nd = &g->nodes[id];
+    if (nd->op != OP_CAST || !x->slice_view[nd->in[0]]) continue;
+    int src = g->nodes[nd->in[0]].in[0];
+    if (x->last_use[src] < id) x->last_use[src] = id;
+  }
+}
+
 gpu_exec *gpu_exec_new(gpu_runtime *rt, const ir_graph *g, char *err, size_t errlen) {
   gx *x = calloc(1, sizeof *x);
   if (!x) return NULL;
@@ -1354,11 +1382,13 @@ gpu_exec *gpu_exec_new(gpu_runtime *rt, const ir_graph *g, char *err, size_t err
   }
   x->hcounts = calloc(n, sizeof *x->hcounts);
   x->ep_all = calloc(n, sizeof *x->ep_all);
-  if (!x->hcounts || !x->ep_all) {
+  x->slice_view = calloc(n, 1);
+  if (!x->hcounts || !x->ep_all || !x->slice_view) {
     snprintf(err, errlen, "out of host memory");
     gpu_exec_free(x);
     return NULL;
   }
+  plan_slice_views(x);
   if (gpu_alloc(rt->g, &x->tokens, (size_t)x->T * 4, "the batch") || gpu_alloc(rt->g, &x->labels, (size_t)x->T * 4, "the batch")) {
     snprintf(err, errlen, "%s", gpu_error(rt->g));
     gpu_exec_free(x);
@@ -1384,6 +1414,7 @@ void gpu_exec_free(gpu_exec *x) {
   hcounts_release(x);
   free(x->hcounts);
   free(x->ep_all);
+  free(x->slice_view);
   gpu_free(x->rt->g, x->tokens);
   gpu_free(x->rt->g, x->labels);
   free(x->param_index);
@@ -1434,8 +1465,9 @@ int gpu_exec_run(gpu_exec *x, const int32_t *tokens, const int32_t *labels, int6
       for (int j = 0; j < g->nodes[id].n_in; j++) {
         int v = g->nodes[id].in[j];
         if (x->last_use[v] == id) release(x, &x->val[v]);
-        /* a packed quantize lives until the FP8 site that reads it through this dequantize */
-        if (g->nodes[v].op == OP_MXFP8_DEQUANTIZE && x->last_use[g->nodes[v].in[0]] == id)
+        /* a packed quantize lives until the FP8 site that reads it through this dequantize, and
+           the input of a viewed slice until its last cast */
+        if ((g->nodes[v].op == OP_MXFP8_DEQUANTIZE || x->slice_view[v]) && x->last_use[g->nodes[v].in[0]] == id)
           release(x, &x->val[g->nodes[v].in[0]]);
       }
   }
