@@ -208,8 +208,10 @@ static const char *const src =
     "// The same along the last axis (inner = 1, no counts), where one thread a unit would read\n"
     "// and write GROUP elements apart from its neighbours: TPG lanes take a unit, EPT consecutive\n"
     "// elements each (as mxfp8_quantize), so a warp's accesses are consecutive. units: units per\n"
-    "// line (L / GROUP rounded up; a short last unit counts as zero-padded).\n"
-    "template <class X, class Y> __device__ void mxfp8_qdq_last(const X *x, Y *y, i64 outer, i64 L, i64 units) {\n"
+    "// line (L / GROUP rounded up; a short last unit counts as zero-padded). Line o of x starts at\n"
+    "// x + o ldx + sx (a column window of a wider matrix: ldx = L, sx = 0 for x itself); y is dense.\n"
+    "template <class X, class Y>\n"
+    "__device__ void mxfp8_qdq_last(const X *x, Y *y, i64 outer, i64 L, i64 units, i64 ldx, i64 sx) {\n"
     "  const i64 tid = (i64)blockIdx.x * blockDim.x + threadIdx.x;\n"
     "  const i64 g = tid / TPG, o = g / units, s0 = g % units * GROUP + tid % TPG * EPT;\n"
     "  const bool on = g < outer * units;\n"
@@ -217,7 +219,7 @@ static const char *const src =
     "  float amax = 0.0f;\n"
     "#pragma unroll\n"
     "  for (int j = 0; j < EPT; j++) {\n"
-    "    v[j] = on && s0 + j < L ? ld(x + o * L + s0 + j) : 0.0f;\n"
+    "    v[j] = on && s0 + j < L ? ld(x + o * ldx + sx + s0 + j) : 0.0f;\n"
     "    amax = fmaxf(amax, amax_key(v[j]));\n"
     "  }\n"
     "#pragma unroll\n"
@@ -330,7 +332,7 @@ void cg_emit_mxfp8(cg_buf *b, const cg_variant *v, int emu) {
       cg_entry(b, CG_NT_MX, "moec_mxfp8_qdq_${x}_${w}",
                "const ${X} *x, ${W} *y, i64 outer, i64 L, i64 inner, i64 units, const int *counts, i64 E",
                "mxfp8_qdq<${X}, ${W}>", kv, emu);
-      cg_entry(b, CG_NT_MX, "moec_mxfp8_qdq_last_${x}_${w}", "const ${X} *x, ${W} *y, i64 outer, i64 L, i64 units",
+      cg_entry(b, CG_NT_MX, "moec_mxfp8_qdq_last_${x}_${w}", "const ${X} *x, ${W} *y, i64 outer, i64 L, i64 units, i64 ldx, i64 sx",
                "mxfp8_qdq_last<${X}, ${W}>", kv, emu);
     }
   }

@@ -1290,6 +1290,12 @@ static int exec_MXFP8_QUANTIZE(gx *x, int id) {
     return 0;
   }
   if (alloc_out(x, id, a->rows, 0)) return -1;
+  if (x->slice_view[N(id)->in[0]] && !a->p) { /* the window of the slice's input, in place */
+    int s = N(id)->in[0], src = N(s)->in[0];
+    return ck(x, id, rt_cuda_mxfp8_qdq_cols(KX, DT(x, src), x->val[src].p, COLS(src), ir_get_int(N(s), "start", 0), DT(x, id),
+                                            x->val[id].p, a->rows, COLS(id), ir_get_int(N(id), "block", 32),
+                                            (int)ir_get_int(N(id), "share128", 0)));
+  }
   gpu_ptr counts = N(id)->n_in == 2 ? V(id, 1)->p : 0;
   int64_t E = N(id)->n_in == 2 ? DIMOF(id, 1, 0) : 0;
   return ck(x, id, rt_cuda_mxfp8_qdq(KX, DT(x, N(id)->in[0]), a->p, DT(x, id), x->val[id].p, t->rank, dims,
@@ -1318,19 +1324,28 @@ static void hcounts_release(gx *x) {
 
 void gpu_exec_set_comm(gpu_exec *x, gpu_comm *c) { x->comm = c; }
 
-/* slice_cols read only by casts (the f32 pieces of grouped_mlp_bwd's rows, cast to bf16 for
- * the GEMMs): each cast converts its window of the slice's input in one pass (copy_cols), so
- * the slice writes nothing and its input lives until the last of those casts. */
+/* A reader that can take a slice_cols' window in place: a cast (copy_cols converts the window)
+ * or an mxfp8_quantize along the rows that only writes values (qdq_cols). */
+static int reads_window(const gx *x, int id) {
+  const ir_node *n = N(id);
+  if (n->op == OP_CAST) return 1;
+  return n->op == OP_MXFP8_QUANTIZE && n->n_in == 1 && x->fp8.kind[id] == FP8_NONE &&
+         ir_get_int(n, "axis", 0) == n->type.rank - 1;
+}
+
+/* slice_cols read only in place (grouped_mlp_bwd's f32 pieces, cast to bf16 for the GEMMs;
+ * grouped_mlp's saved gate_up, quantized): the readers take their window of the slice's input
+ * in one pass, so the slice writes nothing and its input lives until the last of them. */
 static void plan_slice_views(gx *x) {
   const ir_graph *g = x->g;
   for (int id = 0; id < g->n_nodes; id++) x->slice_view[id] = g->nodes[id].op == OP_SLICE_COLS;
   for (int i = 0; i < g->n_outputs; i++) x->slice_view[g->outputs[i]] = 0;
   for (int id = 0; id < g->n_nodes; id++)
     for (int j = 0; j < g->nodes[id].n_in; j++)
-      if (g->nodes[id].op != OP_CAST) x->slice_view[g->nodes[id].in[j]] = 0;
+      if (!reads_window(x, id)) x->slice_view[g->nodes[id].in[j]] = 0;
   for (int id = 0; id < g->n_nodes; id++) {
     const ir_node *nd = &g->nodes[id];
-    if (nd->op != OP_CAST || !x->slice_view[nd->in[0]]) continue;
+    if (!reads_window(x, id) || !x->slice_view[nd->in[0]]) continue;
     int src = g->nodes[nd->in[0]].in[0];
     if (x->last_use[src] < id) x->last_use[src] = id;
   }

@@ -245,5 +245,8 @@ int rt_cuda_mxfp8_quantize_cols_experts(rt_cuda *k, cg_dtype t, gpu_ptr x, int64
  * (E) on the device, axis 0 only) is not 0. */
 int rt_cuda_mxfp8_qdq(rt_cuda *k, cg_dtype tx, gpu_ptr x, cg_dtype ty, gpu_ptr y, int rank, const int64_t *dims,
                       int axis, int64_t block, int share128, gpu_ptr counts, int64_t E);
+/* y (rows, w) = the same along the rows of x's columns [sx, sx + w), x (rows, ldx). */
+int rt_cuda_mxfp8_qdq_cols(rt_cuda *k, cg_dtype tx, gpu_ptr x, int64_t ldx, int64_t sx, cg_dtype ty, gpu_ptr y,
+                           int64_t rows, int64_t w, int64_t block, int share128);
 
 #endif

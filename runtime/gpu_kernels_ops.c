@@ -487,15 +487,25 @@ int rt_cuda_mxfp8_qdq(rt_cuda *k, cg_dtype tx, gpu_ptr x, cg_dtype ty, gpu_ptr y
   for (int d = axis + 1; d < rank; d++) inner *= dims[d];
   int64_t units = (L + group - 1) / group + (counts ? E : 0), n = outer * inner * units;
   char name[64];
-  if (inner == 1 && !counts) { /* along the last axis: lanes share a unit (cg_mxfp8.c) */
-    int64_t tpg = group < 32 ? group : 32;
-    KN("mxfp8_qdq_last", 2, tx, ty);
-    return rtk_launch(k, CG_FAM_MXFP8, &v, name, rtk_blocks(outer * units * tpg, CG_NT_MX), 1, CG_NT_MX,
-                      ARGS(&x, &y, &outer, &L, &units));
-  }
+  if (inner == 1 && !counts) return rt_cuda_mxfp8_qdq_cols(k, tx, x, L, 0, ty, y, outer, L, block, share128);
   KN("mxfp8_qdq", 2, tx, ty);
   return rtk_launch(k, CG_FAM_MXFP8, &v, name, rtk_blocks(n, CG_NT_MX), 1, CG_NT_MX,
                     ARGS(&x, &y, &outer, &L, &inner, &units, &counts, &E));
+}
+
+/* Along the rows of a column window: lanes share a unit, so a warp's accesses are consecutive
+ * (cg_mxfp8.c, mxfp8_qdq_last). */
+int rt_cuda_mxfp8_qdq_cols(rt_cuda *k, cg_dtype tx, gpu_ptr x, int64_t ldx, int64_t sx, cg_dtype ty, gpu_ptr y,
+                           int64_t rows, int64_t w, int64_t block, int share128) {
+  if (block < 1 || block > 128 || (block & (block - 1)) != 0 || sx < 0 || sx + w > ldx)
+    return rtk_fail(k, "mxfp8 qdq: block %lld, columns [%lld, %lld) of %lld (%s)", (long long)block, (long long)sx,
+                    (long long)(sx + w), (long long)ldx, ck_strerror(CK_ESHAPE));
+  const cg_variant v = {(int)block, share128 != 0};
+  int64_t group = share128 ? 128 : block, tpg = group < 32 ? group : 32, units = (w + group - 1) / group;
+  char name[64];
+  KN("mxfp8_qdq_last", 2, tx, ty);
+  return rtk_launch(k, CG_FAM_MXFP8, &v, name, rtk_blocks(rows * units * tpg, CG_NT_MX), 1, CG_NT_MX,
+                    ARGS(&x, &y, &rows, &w, &units, &ldx, &sx));
 }
 
 static int mx_check(rt_cuda *k, const char *what, int64_t along, int64_t block, int share128) {

@@ -690,6 +690,18 @@ static void test_mxfp8_qdq(cg_dtype tx, cg_dtype ty, int share) {
     free(x), free(want), free(got);
     dfree_all();
   }
+  { /* along the rows of a column window (a slice_cols read in place): x (70, 200), columns [40, 176) */
+    const int64_t R = 70, W = 200, s0 = 40, w = 136, wd[2] = {R, w};
+    float *x = mx_input(R, W, tx), *win = falloc(R * w), *want = falloc(R * w), *got = falloc(R * w);
+    for (int64_t r = 0; r < R; r++) memcpy(win + r * w, x + r * W + s0, (size_t)w * sizeof *win);
+    CHECK(ck_mxfp8_qdq(win, want, 2, wd, 1, 32, share, NULL, 0) == CK_OK, "ck_mxfp8_qdq");
+    gpu_ptr dx = up_f(x, R * W, tx), dy = dmalloc((size_t)(R * w) * 4);
+    RUN(rt_cuda_mxfp8_qdq_cols(K, tx, dx, W, s0, ty, dy, R, w, 32, share));
+    get_f(got, dy, R * w, ty);
+    cmp("qdq of a column window", got, want, R * w, ty, -1, 0);
+    free(x), free(win), free(want), free(got);
+    dfree_all();
+  }
   expect_flag("mxfp8 qdq", CK_OK);
 }
 
