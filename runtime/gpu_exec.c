@@ -224,7 +224,8 @@ struct gpu_exec {
   int grouped_device;     /* MOEC_GROUPED_GEMM=device: the device-driven grouped GEMMs, no host sync */
   int32_t **hcounts;      /* (n_nodes) host copies of expert-count values, downloaded once per step */
   gpu_fp8_plan fp8;       /* which expert GEMMs run in FP8 (MOEC_FP8_GEMM=0: none) */
-  uint8_t *slice_view;    /* (n_nodes) 1: a slice_cols read only by casts, which read its window in place */
+  uint8_t *view;          /* (n_nodes) a value read through its input, which lives until the value's
+                             last reader (plan_views): VIEW_WINDOW, VIEW_ALIAS */
   gpu_comm *comm;         /* data/expert parallelism: this rank's collectives (gpu_exec_set_comm) */
   int32_t **ep_all;       /* (n_nodes) the EP group's counts (P x E, host) of a counts value, once per step */
   int64_t step;
@@ -232,6 +233,10 @@ struct gpu_exec {
   size_t errlen;
 };
 typedef struct gpu_exec gx;
+enum {
+  VIEW_WINDOW = 1, /* a slice_cols that writes nothing: its readers take their window of its input */
+  VIEW_ALIAS = 2,  /* an mxfp8_dequantize to its input's storage type: its input's buffer as is */
+};
 
 #define N(id) (&x->g->nodes[id])
 #define V(id, k) (&x->val[N(id)->in[k]])
@@ -407,7 +412,7 @@ static int exec_CAST(gx *x, int id) {
   if (N(N(id)->in[0])->op == OP_PARAM && DT(x, N(id)->in[0]) == CG_DT_F32 && DT(x, id) == CG_DT_BF16)
     return cast_param(x, id);
   if (alloc_out(x, id, a->rows, 0)) return -1;
-  if (x->slice_view[N(id)->in[0]] && !a->p) { /* cast(slice_cols(s)): the window of s, converted in one pass */
+  if (x->view[N(id)->in[0]] == VIEW_WINDOW && !a->p) { /* cast(slice_cols(s)): the window of s, converted in one pass */
     int s = N(id)->in[0], src = N(s)->in[0];
     return ck(x, id, rt_cuda_copy_cols(KX, DT(x, src), DT(x, id), x->val[src].p, COLS(src), ir_get_int(N(s), "start", 0),
                                        x->val[id].p, COLS(id), 0, a->rows, COLS(id)));
@@ -727,7 +732,7 @@ static int exec_ATTENTION_BWD(gx *x, int id) {
 
 static int exec_SLICE_COLS(gx *x, int id) {
   const dev_value *a = V(id, 0);
-  if (x->slice_view[id] && !x->keep_all) { /* its casts read the window of a in place */
+  if (x->view[id] == VIEW_WINDOW && !x->keep_all) { /* its readers take their window of a in place */
     x->val[id] = (dev_value){.rows = a->rows, .numel = a->rows * COLS(id)};
     return 0;
   }
@@ -1290,7 +1295,7 @@ static int exec_MXFP8_QUANTIZE(gx *x, int id) {
     return 0;
   }
   if (alloc_out(x, id, a->rows, 0)) return -1;
-  if (x->slice_view[N(id)->in[0]] && !a->p) { /* the window of the slice's input, in place */
+  if (x->view[N(id)->in[0]] == VIEW_WINDOW && !a->p) { /* the window of the slice's input, in place */
     int s = N(id)->in[0], src = N(s)->in[0];
     return ck(x, id, rt_cuda_mxfp8_qdq_cols(KX, DT(x, src), x->val[src].p, COLS(src), ir_get_int(N(s), "start", 0), DT(x, id),
                                             x->val[id].p, a->rows, COLS(id), ir_get_int(N(id), "block", 32),
@@ -1304,6 +1309,10 @@ static int exec_MXFP8_QUANTIZE(gx *x, int id) {
 }
 
 static int exec_MXFP8_DEQUANTIZE(gx *x, int id) {
+  if (x->view[id] == VIEW_ALIAS && !x->keep_all) { /* its input's buffer (plan_views); not owned */
+    x->val[id] = (dev_value){.p = V(id, 0)->p, .rows = V(id, 0)->rows, .numel = V(id, 0)->numel};
+    return 0;
+  }
   if (!x->fp8.skip[id]) return exec_CAST(x, id);
   x->val[id] = (dev_value){.rows = V(id, 0)->rows, .numel = V(id, 0)->numel}; /* its readers take the packed form */
   return 0;
@@ -1333,22 +1342,31 @@ static int reads_window(const gx *x, int id) {
          ir_get_int(n, "axis", 0) == n->type.rank - 1;
 }
 
-/* slice_cols read only in place (grouped_mlp_bwd's f32 pieces, cast to bf16 for the GEMMs;
- * grouped_mlp's saved gate_up, quantized): the readers take their window of the slice's input
- * in one pass, so the slice writes nothing and its input lives until the last of them. */
-static void plan_slice_views(gx *x) {
+/* Values read through their input, which then lives until their last reader:
+ * - slice_cols read only in place (grouped_mlp_bwd's f32 pieces, cast to bf16 for the GEMMs;
+ *   grouped_mlp's saved gate_up, quantized): the readers take their window of the slice's
+ *   input in one pass, and the slice writes nothing;
+ * - an mxfp8_dequantize that an FP8 site does not skip, to bf16: the e4m3 values are stored in
+ *   bf16 already (cdt), so it is its input's buffer, not a copy. */
+static void plan_views(gx *x) {
   const ir_graph *g = x->g;
-  for (int id = 0; id < g->n_nodes; id++) x->slice_view[id] = g->nodes[id].op == OP_SLICE_COLS;
-  for (int i = 0; i < g->n_outputs; i++) x->slice_view[g->outputs[i]] = 0;
-  for (int id = 0; id < g->n_nodes; id++)
-    for (int j = 0; j < g->nodes[id].n_in; j++)
-      if (!reads_window(x, id)) x->slice_view[g->nodes[id].in[j]] = 0;
   for (int id = 0; id < g->n_nodes; id++) {
     const ir_node *nd = &g->nodes[id];
-    if (!reads_window(x, id) || !x->slice_view[nd->in[0]]) continue;
-    int src = g->nodes[nd->in[0]].in[0];
-    if (x->last_use[src] < id) x->last_use[src] = id;
+    x->view[id] = nd->op == OP_SLICE_COLS ? VIEW_WINDOW
+                  : nd->op == OP_MXFP8_DEQUANTIZE && !x->fp8.skip[id] && DT(x, id) == DT(x, nd->in[0]) ? VIEW_ALIAS
+                                                                                                       : 0;
   }
+  for (int i = 0; i < g->n_outputs; i++) x->view[g->outputs[i]] = 0;
+  for (int id = 0; id < g->n_nodes; id++)
+    for (int j = 0; j < g->nodes[id].n_in; j++)
+      if (x->view[g->nodes[id].in[j]] == VIEW_WINDOW && !reads_window(x, id)) x->view[g->nodes[id].in[j]] = 0;
+  for (int id = 0; id < g->n_nodes; id++)
+    for (int j = 0; j < g->nodes[id].n_in; j++) {
+      int v = g->nodes[id].in[j];
+      if (!x->view[v]) continue;
+      int src = g->nodes[v].in[0];
+      if (x->last_use[src] < id) x->last_use[src] = id;
+    }
 }
 
 gpu_exec *gpu_exec_new(gpu_runtime *rt, const ir_graph *g, char *err, size_t errlen) {
@@ -1397,13 +1415,13 @@ gpu_exec *gpu_exec_new(gpu_runtime *rt, const ir_graph *g, char *err, size_t err
   }
   x->hcounts = calloc(n, sizeof *x->hcounts);
   x->ep_all = calloc(n, sizeof *x->ep_all);
-  x->slice_view = calloc(n, 1);
-  if (!x->hcounts || !x->ep_all || !x->slice_view) {
+  x->view = calloc(n, 1);
+  if (!x->hcounts || !x->ep_all || !x->view) {
     snprintf(err, errlen, "out of host memory");
     gpu_exec_free(x);
     return NULL;
   }
-  plan_slice_views(x);
+  plan_views(x);
   if (gpu_alloc(rt->g, &x->tokens, (size_t)x->T * 4, "the batch") || gpu_alloc(rt->g, &x->labels, (size_t)x->T * 4, "the batch")) {
     snprintf(err, errlen, "%s", gpu_error(rt->g));
     gpu_exec_free(x);
@@ -1429,7 +1447,7 @@ void gpu_exec_free(gpu_exec *x) {
   hcounts_release(x);
   free(x->hcounts);
   free(x->ep_all);
-  free(x->slice_view);
+  free(x->view);
   gpu_free(x->rt->g, x->tokens);
   gpu_free(x->rt->g, x->labels);
   free(x->param_index);
@@ -1482,7 +1500,7 @@ int gpu_exec_run(gpu_exec *x, const int32_t *tokens, const int32_t *labels, int6
         if (x->last_use[v] == id) release(x, &x->val[v]);
         /* a packed quantize lives until the FP8 site that reads it through this dequantize, and
            the input of a viewed slice until its last cast */
-        if ((g->nodes[v].op == OP_MXFP8_DEQUANTIZE || x->slice_view[v]) && x->last_use[g->nodes[v].in[0]] == id)
+        if ((g->nodes[v].op == OP_MXFP8_DEQUANTIZE || x->view[v]) && x->last_use[g->nodes[v].in[0]] == id)
           release(x, &x->val[g->nodes[v].in[0]]);
       }
   }
