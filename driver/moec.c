@@ -357,7 +357,8 @@ static int cmd_train(int argc, char **argv) {
              c.pipe.disable ? "," : "");
     c.pipe.disable = gpu_disable;
     fprintf(stderr, "moec: note: --device cuda: group-linear, grouped-mlp and mxfp8 are off by default "
-                    "(--passes=lower,group-linear,grouped-mlp,autodiff,fold-grad-cast,mxfp8,dce turns them on)\n");
+                    "(--passes=lower,group-linear,grouped-mlp,%sautodiff,%sfold-grad-cast,mxfp8,dce turns them on)\n",
+            ep * dp > 1 ? "parallelize," : "", ep * dp > 1 ? "sync," : "");
   }
   if (multi && !(c.train.world = launch_train_join(ep, dp, &c.train.rank))) return 1;
   ir_graph **fwd = calloc((size_t)ep, sizeof *fwd), **step = calloc((size_t)ep, sizeof *step);

@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cpu_kernels.h"
 #include "errf.h"
@@ -21,25 +22,45 @@ struct gpu_comm {
 
 const char *gpu_comm_kind_name(gpu_comm_kind k) { return k == GPU_COMM_NCCL ? "NCCL" : "host-staged"; }
 
-/* Why this rank cannot use NCCL (0 when it can). */
-static int nccl_unfit(int local, int nlocal, int ngpus, char *why, size_t len) {
+void gpu_comm_gpu_id(gpu_ctx *g, char *id, size_t len) {
+  char host[64] = "?";
+  if (gethostname(host, sizeof host) != 0) snprintf(host, sizeof host, "?");
+  host[sizeof host - 1] = 0;
+  const gpu_device_info *d = gpu_info(g);
+  snprintf(id, len, "%s/%04x:%02x:%02x", host, d->pci_domain, d->pci_bus, d->pci_device);
+}
+
+/* Why this rank cannot use NCCL (0 when it can): NCCL missing, or its GPU shared with another
+ * rank (ids: every rank's gpu_id, GPU_COMM_ID_LEN bytes each, in rank order). */
+static int nccl_unfit(int rank, int n, const char *ids, char *why, size_t len) {
   char lerr[1024];
   if (gpu_nccl_load(NULL, lerr, sizeof lerr) != 0) return snprintf(why, len, "%s", lerr), 1;
-  if (local >= ngpus || nlocal > ngpus)
-    return snprintf(why, len, "%d ranks on a node with %d GPU(s) (NCCL needs a GPU per rank)", nlocal > local ? nlocal : local + 1,
-                    ngpus), 1;
+  for (int j = 0; j < n; j++)
+    if (j != rank && strncmp(ids + (size_t)j * GPU_COMM_ID_LEN, ids + (size_t)rank * GPU_COMM_ID_LEN, GPU_COMM_ID_LEN) == 0)
+      return snprintf(why, len, "ranks %d and %d share GPU %s (NCCL needs a GPU per rank)", rank < j ? rank : j,
+                      rank < j ? j : rank, ids + (size_t)rank * GPU_COMM_ID_LEN), 1;
   return 0;
 }
 
-int gpu_comm_agree(comm_world *w, int rank, int local, int nlocal, int ngpus, gpu_comm_kind *kind, char *note,
-                   size_t notelen, char *err, size_t errlen) {
+int gpu_comm_agree(comm_world *w, int rank, const char *gpu_id, gpu_comm_kind *kind, char *note, size_t notelen, char *err,
+                   size_t errlen) {
   const char *env = getenv("MOEC_GPU_COMM");
   note[0] = 0;
   if (env && *env && strcmp(env, "host") != 0 && strcmp(env, "nccl") != 0 && strcmp(env, "auto") != 0)
     return errf(err, errlen, "MOEC_GPU_COMM=%s: expected host, nccl or auto", env);
+  comm *wc = comm_get(w, rank, COMM_WORLD);
+  int n = comm_size(wc);
+  char mine[GPU_COMM_ID_LEN] = {0}, *ids = calloc((size_t)n, GPU_COMM_ID_LEN);
+  if (!ids) return errf(err, errlen, "out of host memory");
+  snprintf(mine, sizeof mine, "%s", gpu_id);
+  if (comm_all_gather(wc, mine, sizeof mine, ids, err, errlen) != 0) {
+    free(ids);
+    return -1;
+  }
   char why[1024] = "";
-  int32_t unfit = nccl_unfit(local, nlocal, ngpus, why, sizeof why);
-  if (comm_all_reduce_sum(comm_get(w, rank, COMM_WORLD), &unfit, 1, COMM_I32, err, errlen) != 0) return -1;
+  int32_t unfit = nccl_unfit(rank, n, ids, why, sizeof why);
+  free(ids);
+  if (comm_all_reduce_sum(wc, &unfit, 1, COMM_I32, err, errlen) != 0) return -1;
   if (env && strcmp(env, "host") == 0) {
     *kind = GPU_COMM_HOST;
     return 0;

@@ -28,12 +28,16 @@ typedef enum { GPU_COMM_F32, GPU_COMM_BF16, GPU_COMM_I32 } gpu_comm_dtype;
 typedef struct gpu_comm gpu_comm;
 
 /* The transport of world w, agreed by all its ranks (a collective over the world group: call it
- * on every rank). This rank is local rank `local` of `nlocal` on a node with `ngpus` GPUs.
- * MOEC_GPU_COMM=host forces host-staged; nccl forces NCCL (an error on every rank if some rank
- * lacks NCCL or a GPU of its own); unset or auto: NCCL when every rank has NCCL and a GPU of
- * its own, else host-staged, with why in note (empty when NCCL). */
-int gpu_comm_agree(comm_world *w, int rank, int local, int nlocal, int ngpus, gpu_comm_kind *kind, char *note,
-                   size_t notelen, char *err, size_t errlen);
+ * on every rank). gpu_id names this rank's physical GPU (host and PCI location,
+ * gpu_comm_gpu_id): ranks whose ids match share a GPU, which NCCL refuses. MOEC_GPU_COMM=host
+ * forces host-staged; nccl forces NCCL (an error on every rank if some rank lacks NCCL or a GPU
+ * of its own); unset or auto: NCCL when every rank has NCCL and a GPU of its own, else
+ * host-staged, with why in note (empty when NCCL). */
+int gpu_comm_agree(comm_world *w, int rank, const char *gpu_id, gpu_comm_kind *kind, char *note, size_t notelen, char *err,
+                   size_t errlen);
+/* id (len >= GPU_COMM_ID_LEN) <- "host/domain:bus:device" of g's GPU. */
+enum { GPU_COMM_ID_LEN = 96 };
+void gpu_comm_gpu_id(gpu_ctx *g, char *id, size_t len);
 const char *gpu_comm_kind_name(gpu_comm_kind k); /* "host-staged", "NCCL" */
 
 /* World rank `rank`'s handle, on g (current on this thread). w stays the caller's. With NCCL

@@ -36,6 +36,9 @@ enum { /* CUdevice_attribute */
   CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR = 75,
   CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR = 76,
   CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN = 97,
+  CU_DEVICE_ATTRIBUTE_PCI_BUS_ID = 33,
+  CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID = 34,
+  CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID = 50,
 };
 enum { CU_STREAM_NON_BLOCKING = 0x1, CU_EVENT_DEFAULT = 0x0 };
 enum { CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8 };
@@ -232,6 +235,9 @@ static int query(gpu_ctx *g) {
       {&d->l2_bytes, CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE},
       {&d->smem_optin, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN},
       {&d->max_threads, CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK},
+      {&d->pci_domain, CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID},
+      {&d->pci_bus, CU_DEVICE_ATTRIBUTE_PCI_BUS_ID},
+      {&d->pci_device, CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID},
   };
   CALL(g, cu.DeviceGetName(d->name, (int)sizeof d->name, g->dev), "cuDeviceGetName");
   for (size_t i = 0; i < sizeof attrs / sizeof attrs[0]; i++)

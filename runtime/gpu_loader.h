@@ -34,6 +34,7 @@ typedef struct {
   size_t total_mem;       /* bytes */
   int driver_version;     /* 13000 = CUDA 13.0 */
   char arch[16];          /* NVRTC target for this device: "sm_90a" (the 'a' from sm_90 on) */
+  int pci_domain, pci_bus, pci_device; /* where it sits: which physical GPU, whatever CUDA_VISIBLE_DEVICES says */
 } gpu_device_info;
 
 /* Loads the driver and runs cuInit, once per process (later calls repeat the first result). */

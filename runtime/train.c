@@ -335,7 +335,7 @@ static int save_any(ep_view *ev, const rank_ctx *r, int ep, int64_t step, double
  * as all ranks agree (gpu_comm_agree). Every rank makes the same collective calls here. */
 static int gpu_rank_setup(rank_ctx *r, rt_params *ps, executors *ex, FILE *msgf, char *err, size_t errlen) {
   const train_opts *o = r->o;
-  int ngpus = 0, local = o->world ? o->local_rank : r->rank, nlocal = o->world ? o->local_world : r->world;
+  int ngpus = 0, local = o->world ? o->local_rank : r->rank;
   char e[1024] = "";
   if (gpu_driver_load(e, sizeof e) != 0 || gpu_device_count(&ngpus, e, sizeof e) != 0 || ngpus < 1) {
     snprintf(err, errlen, "%s", e[0] ? e : "the NVIDIA driver sees no GPU; use --device cpu");
@@ -353,7 +353,9 @@ static int gpu_rank_setup(rank_ctx *r, rt_params *ps, executors *ex, FILE *msgf,
   if (!r->comm) return 0;
   gpu_comm_kind kind;
   char note[1400];
-  if (gpu_comm_agree(r->comm, r->rank, local, nlocal, ngpus, &kind, note, sizeof note, err, errlen) != 0 ||
+  char gpu_id[GPU_COMM_ID_LEN];
+  gpu_comm_gpu_id(gpu_runtime_ctx(ex->rt), gpu_id, sizeof gpu_id);
+  if (gpu_comm_agree(r->comm, r->rank, gpu_id, &kind, note, sizeof note, err, errlen) != 0 ||
       !(ex->gcomm = gpu_comm_new(kind, r->comm, r->rank, gpu_runtime_ctx(ex->rt), err, errlen))) {
     fprintf(stderr, "moec: error: rank %d: --device cuda: %s\n", r->rank, err);
     return -1;
@@ -522,13 +524,14 @@ done:
     fprintf(msgf, "moec: error: --log %s: write failed: %s\n", o->log_path, strerror(errno));
     rc = 1;
   }
+  /* release the peers waiting in a collective first: freeing the GPU waits for this rank's queue */
+  if (rc && r->comm) comm_abort(r->comm, r->rank, err[0] ? err : "training stopped");
   executors_free(&ex, rc != 0);
   if (ev.parts != &self) ep_view_free(&ev);
   rt_params_free(ps);
   free(tok);
   free(lab);
   if (msgf != stderr) fclose(msgf);
-  if (rc && r->comm) comm_abort(r->comm, r->rank, err[0] ? err : "training stopped");
   return rc;
 }
 

@@ -32,7 +32,10 @@ static const char *moec;
 
 static int run(const char *env, const char *launch, const char *args, const char *tag) {
   char cmd[3072];
-  snprintf(cmd, sizeof cmd, "%s %s %s train models/tiny.moe " SMALL " %s --log %s/%s.jsonl --ckpt-dir %s/%s 2>%s/%s.err",
+  /* a stuck collective fails after 60 s with the rank and the collective named, well before
+     the outer timeout (120 s a run) kills it without a word */
+  snprintf(cmd, sizeof cmd,
+           "MOEC_COMM_TIMEOUT=60 %s timeout -k 5 120 %s %s train models/tiny.moe " SMALL " %s --log %s/%s.jsonl --ckpt-dir %s/%s 2>%s/%s.err",
            env, launch, moec, args, tmp, tag, tmp, tag, tmp, tag);
   int rc = system(cmd);
   if (rc != 0) {
