@@ -47,7 +47,7 @@ for part in "${parts[@]}"; do
     echo "rc $?"
     grep "worst loss\|fail\|between steps" "$L/$part.log" | head -16 ;;
   parallel)
-    env MOEC=$C/moec timeout 300 "$C/test_gpu_parallel" >"$L/parallel.log" 2>&1; echo "rc $?"
+    env MOEC=$C/moec timeout 300 stdbuf -oL "$C/test_gpu_parallel" >"$L/parallel.log" 2>&1; echo "rc $?"
     grep "vs one rank\|FAIL\|SKIP\|gpu_comm\|test_gpu_parallel" "$L/parallel.log" | head -20 ;;
   genos)
     bench LOGDIR=$L/genos timeout 200 bash bench/run_bench.sh genos_1b ;;
