@@ -9,6 +9,7 @@
 #   profile  genos_1b bf16 naive with MOEC_PROFILE=1 (reuses genos's peer)      [120 s]
 #   fused    genos_1b bf16 and mxfp8 on the fused pipeline (reuses the peer)    [300 s]
 #   og2      og2_8x1b bf16 naive + peer                                         [240 s]
+#   og2fp8   og2_8x1b mxfp8(block=128) fused (FP8 expert GEMMs) + peer            [240 s]
 #   fp8      genos_1b mxfp8(block=128) fused: FP8 expert GEMMs, then MOEC_FP8_GEMM=0 [300 s]
 #   fp8prof  genos_1b mxfp8(block=128) fused with MOEC_PROFILE=1 (reuses genos's peer) [150 s]
 #   ggemm    bench/grouped_gemm.sh: expert GEMMs bf16 / fp8 vs torch._grouped_mm [150 s]
@@ -61,6 +62,8 @@ for part in "${parts[@]}"; do
     bench LOGDIR=$L/fused_mx PEER_SKIP=1 PRECISION=mxfp8 MOEC_ARGS=$FUSED_MX timeout 160 bash bench/run_bench.sh genos_1b ;;
   og2)
     bench LOGDIR=$L/og2 timeout 240 bash bench/run_bench.sh og2_8x1b ;;
+  og2fp8)
+    bench LOGDIR=$L/og2fp8 PRECISION='mxfp8(block=128)' MOEC_ARGS=$FUSED_MX timeout 240 bash bench/run_bench.sh og2_8x1b ;;
   fp8)
     peer_from "$L/genos" "$L/fp8"; peer_from "$L/genos" "$L/fp8_off"
     bench LOGDIR=$L/fp8 PEER_SKIP=1 PRECISION='mxfp8(block=128)' MOEC_ARGS=$FUSED_MX timeout 150 bash bench/run_bench.sh genos_1b
@@ -96,7 +99,7 @@ for part in "${parts[@]}"; do
          END {n = v[ARGV[1]]; f = v[ARGV[2]]; m = v[ARGV[3]]
               if (n > 0 && f > 0 && m > 0) printf "final val_loss: bf16 naive %s, bf16 fused %s, mxfp8 %s; mxfp8 vs bf16 fused %+.2f%%, vs naive %+.2f%%\n", n, f, m, 100 * (m / f - 1), 100 * (m / n - 1)}' \
       "$L/chr20_bf16_naive.out" "$L/chr20_bf16_fused.out" "$L/chr20_mxfp8_fused.out" ;;
-  *) echo "unknown part '$part' (kernels step parallel genos profile fused fp8 fp8prof og2 ggemm chr20)" ;;
+  *) echo "unknown part '$part' (kernels step steptiny parallel genos profile fused fp8 fp8prof og2 og2fp8 ggemm chr20)" ;;
   esac
 done
 echo "== done ($(date -u +%H:%M:%S))"

@@ -1401,6 +1401,10 @@ gpu_exec *gpu_exec_new(gpu_runtime *rt, const ir_graph *g, char *err, size_t err
     }
   }
   for (int i = 0; i < g->n_outputs; i++) x->last_use[g->outputs[i]] = g->n_nodes;
+  /* the grad norm is downloaded after the run (x->gnorm): its buffer must not go back to the
+     pool after the last adamw, where the collectives on the outputs would reuse it */
+  for (int id = 0; id < g->n_nodes; id++)
+    if (g->nodes[id].op == OP_GRAD_NORM) x->last_use[id] = g->n_nodes;
   x->prof = gpu_profile_from_env(rt->g, g);
   const char *gg = getenv("MOEC_GROUPED_GEMM");
   x->grouped_device = gg && strcmp(gg, "device") == 0;
