@@ -78,6 +78,14 @@ int gpu_comm_agree(comm_world *w, int rank, const char *gpu_id, gpu_comm_kind *k
 }
 
 gpu_comm_kind gpu_comm_kind_of(const gpu_comm *c) { return c->kind; }
+
+const char *gpu_comm_failure(gpu_comm *c) {
+  for (int i = 0; c && i < COMM_GROUPS; i++) {
+    const char *f = gpu_nccl_failure(c->nc[i]);
+    if (f) return f;
+  }
+  return NULL;
+}
 comm *gpu_comm_host_group(gpu_comm *c, comm_group grp) { return comm_get(c->w, c->rank, grp); }
 
 void gpu_comm_free(gpu_comm *c, int abort) {

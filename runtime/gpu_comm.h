@@ -46,6 +46,9 @@ gpu_comm *gpu_comm_new(gpu_comm_kind kind, comm_world *w, int rank, gpu_ctx *g, 
 /* abort = 1: a failed world (NCCL communicators aborted, not drained). */
 void gpu_comm_free(gpu_comm *c, int abort);
 gpu_comm_kind gpu_comm_kind_of(const gpu_comm *c);
+/* Why an NCCL watchdog aborted this rank's communicators (gpu_nccl_failure), NULL if none did:
+ * a step that ran on an aborted communicator computed nothing valid. */
+const char *gpu_comm_failure(gpu_comm *c);
 /* The host handle on group grp (for host data: counts, scalars). */
 comm *gpu_comm_host_group(gpu_comm *c, comm_group grp);
 

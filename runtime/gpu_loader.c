@@ -26,6 +26,7 @@ enum {
   CUDA_ERROR_STUB_LIBRARY = 34,
   CUDA_ERROR_DEVICE_UNAVAILABLE = 46,
   CUDA_ERROR_NO_DEVICE = 100,
+  CUDA_ERROR_NOT_READY = 600,
   CUDA_ERROR_SYSTEM_DRIVER_MISMATCH = 803,
   CUDA_ERROR_COMPAT_NOT_SUPPORTED_ON_DEVICE = 804,
 };
@@ -82,6 +83,7 @@ enum { CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8 };
   X(EventCreate, "cuEventCreate", NULL, CUresult, (CUevent *, unsigned))                     \
   X(EventRecord, "cuEventRecord", NULL, CUresult, (CUevent, CUstream))                       \
   X(EventSynchronize, "cuEventSynchronize", NULL, CUresult, (CUevent))                       \
+  X(EventQuery, "cuEventQuery", NULL, CUresult, (CUevent))                                   \
   X(EventElapsedTime, "cuEventElapsedTime_v2", "cuEventElapsedTime", CUresult,               \
     (float *, CUevent, CUevent))                                                             \
   X(EventDestroy, "cuEventDestroy_v2", NULL, CUresult, (CUevent))                            \
@@ -480,6 +482,11 @@ int gpu_event_elapsed(gpu_ctx *g, void *earlier, void *later, float *ms) {
   CALL(g, cu.EventSynchronize(later), "cuEventSynchronize");
   CALL(g, cu.EventElapsedTime(ms, earlier, later), "cuEventElapsedTime");
   return 0;
+}
+
+int gpu_event_done(void *ev) {
+  CUresult r = cu.EventQuery(ev);
+  return r == CUDA_SUCCESS ? 1 : r == CUDA_ERROR_NOT_READY ? 0 : -1;
 }
 
 void gpu_event_free(gpu_ctx *g, void *ev) {

@@ -97,6 +97,8 @@ int gpu_event_new(gpu_ctx *g, void **ev);
 int gpu_event_record(gpu_ctx *g, void *ev);
 int gpu_event_elapsed(gpu_ctx *g, void *earlier, void *later, float *ms);
 void gpu_event_free(gpu_ctx *g, void *ev);
+/* 1 when the work before ev's record has finished, 0 not yet, -1 on an error; from any thread. */
+int gpu_event_done(void *ev);
 
 /* "CUDA_ERROR_OUT_OF_MEMORY: out of memory" for a CUresult, via the driver when loaded. */
 const char *gpu_result_string(int result, char *buf, size_t len);

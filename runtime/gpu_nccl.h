@@ -27,6 +27,10 @@ int gpu_nccl_unique_id(gpu_nccl_id *id, char *err, size_t errlen);
 gpu_nccl *gpu_nccl_new(gpu_ctx *g, int nranks, int rank, const gpu_nccl_id *id, char *err, size_t errlen);
 /* Frees the communicator; abort = 1 does not wait for pending work (a failed world). */
 void gpu_nccl_free(gpu_nccl *c, int abort);
+/* Why the communicator's watchdog aborted it (an asynchronous NCCL error, or a collective not
+ * finished within MOEC_COMM_TIMEOUT seconds, 600 by default), NULL while it is healthy. Every
+ * collective below fails with this reason once it is set. */
+const char *gpu_nccl_failure(gpu_nccl *c);
 
 /* buf (n values of t) = its sum over the ranks, in place, queued on g's stream. */
 int gpu_nccl_all_reduce_sum(gpu_nccl *c, gpu_ptr buf, int64_t n, cg_dtype t, char *err, size_t errlen);

@@ -257,7 +257,12 @@ typedef struct {
 
 static int exec_run(executors *e, int fwd, const int32_t *tok, const int32_t *lab, int64_t step, float *out,
                     double *gnorm, char *err, size_t errlen) {
-  if (e->rt) return gpu_exec_run(fwd ? e->gpu_fwd : e->gpu_step, tok, lab, step, out, gnorm, err, errlen);
+  if (e->rt) {
+    int rc = gpu_exec_run(fwd ? e->gpu_fwd : e->gpu_step, tok, lab, step, out, gnorm, err, errlen);
+    const char *f = gpu_comm_failure(e->gcomm); /* NCCL's watchdog: its reason beats the symptom */
+    if (f) snprintf(err, errlen, "%s", f);
+    return f ? -1 : rc;
+  }
   return cpu_exec_run(fwd ? e->cpu_fwd : e->cpu_step, tok, lab, step, out, gnorm, err, errlen);
 }
 

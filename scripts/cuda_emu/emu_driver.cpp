@@ -240,6 +240,7 @@ CUresult cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned
 CUresult cuEventCreate(void **e, unsigned) { *e = (void *)1; return OK; }
 CUresult cuEventRecord(void *, void *) { return OK; }
 CUresult cuEventSynchronize(void *) { return OK; }
+CUresult cuEventQuery(void *) { return OK; }
 CUresult cuEventElapsedTime_v2(float *ms, void *, void *) { *ms = 0; return OK; }
 CUresult cuEventDestroy_v2(void *) { return OK; }
 CUresult cuGetErrorName(CUresult r, const char **s) {

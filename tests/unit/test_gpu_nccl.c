@@ -1,12 +1,14 @@
 /* test_gpu_nccl.c -- NCCL loaded at run time (gpu_nccl.h): where the library is present it
  * loads and reports its version (no GPU needed); on a GPU, a world of one rank: a unique id,
  * a communicator, all_reduce_sum of f32 and bf16 buffers (a one-rank sum: the values
- * unchanged, bit for bit), and all_to_all_v to itself with an offset (the bytes moved). More
+ * unchanged, bit for bit), and all_to_all_v to itself with an offset (the bytes moved); the
+ * watchdog declaring a collective stuck behind a stalled stream (MOEC_COMM_TIMEOUT). More
  * ranks need more GPUs (issue 8). Skips, and passes, without NCCL or without a GPU. */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "check.h"
 #include "runtime/gpu_nccl.h"
@@ -60,10 +62,37 @@ int main(void) {
     CHECK(gpu_nccl_all_to_all_v(c, d, &so, &sb, d2, &ro, &rb, err, sizeof err) == 0, "all_to_all_v: %s", err);
     CHECK(gpu_download(g, y, d2 + 64, 1000 * 4) == 0, "download: %s", gpu_error(g));
     CHECK(memcmp(y, x + 2, 1000 * 4) == 0, "all_to_all_v to itself moved the wrong bytes");
-    gpu_free(g, d), gpu_free(g, d2);
-    free(x), free(y);
+    CHECK(gpu_nccl_failure(c) == NULL, "a healthy communicator reports: %s", gpu_nccl_failure(c));
     gpu_nccl_free(c, 0);
     printf("one-rank world on GPU 0: all_reduce_sum (f32, bf16) and all_to_all_v to itself\n");
+
+    /* the watchdog: a collective queued behind ~1.3 s of memsets, with a 0.5 s limit, must be
+       declared stuck, and the communicator must refuse later collectives with the reason */
+    setenv("MOEC_COMM_TIMEOUT", "0.5", 1);
+    gpu_nccl *w = NULL;
+    gpu_ptr big = 0;
+    const size_t big_bytes = (size_t)4 << 30;
+    CHECK(gpu_nccl_unique_id(&id, err, sizeof err) == 0 && (w = gpu_nccl_new(g, 1, 0, &id, err, sizeof err)) != NULL,
+          "communicator: %s", err);
+    if (w && gpu_alloc(g, &big, big_bytes, "the stall buffer") == 0) {
+      for (int i = 0; i < 1000; i++) gpu_memset32(g, big, (uint32_t)i, big_bytes / 4);
+      CHECK(gpu_nccl_all_reduce_sum(w, d, N, CG_DT_F32, err, sizeof err) == 0, "all_reduce: %s", err);
+      struct timespec nap = {1, 0};
+      nanosleep(&nap, NULL);
+      const char *f = gpu_nccl_failure(w);
+      CHECK(f && strstr(f, "no progress"), "watchdog: a stalled collective not reported (%s)", f ? f : "none");
+      CHECK(gpu_nccl_all_reduce_sum(w, d, N, CG_DT_F32, err, sizeof err) != 0 && strstr(err, "no progress"),
+            "an aborted communicator took another collective");
+      if (gpu_sync(g) != 0) printf("(the stream after the abort: %s)\n", gpu_error(g));
+      gpu_free(g, big);
+      printf("watchdog: a collective stuck past MOEC_COMM_TIMEOUT aborts the communicator: %s\n", f ? f : "-");
+    } else if (w) {
+      printf("SKIP (watchdog): no 4 GiB for the stall buffer: %s\n", gpu_error(g));
+    }
+    gpu_nccl_free(w, 1);
+    unsetenv("MOEC_COMM_TIMEOUT");
+    gpu_free(g, d), gpu_free(g, d2);
+    free(x), free(y);
   }
   gpu_close(g);
   if (failures) {
