@@ -70,19 +70,28 @@ static const char *const src =
     "  return a <= 3.40282347e38f ? a : f32_inf();\n"
     "}\n"
     "\n"
-    "// Row-wise: x is (rows, cols) with GROUP | cols, seen flat as ngroups groups of GROUP\n"
-    "// elements. TPG consecutive threads take a group, EPT consecutive elements each; the group\n"
-    "// maximum is a shuffle within those lanes. Writes q (rows, cols) and scale (rows, cols/BLOCK).\n"
-    "template <class T> __device__ void mxfp8_quantize(const T *x, u8 *q, u8 *scale, i64 ngroups) {\n"
+    "// x's value at p, rounded to bf16 first when rb (the quantize reads a cast's f32 input in its\n"
+    "// place: the values the cast would have written, bf16_bits' rounding).\n"
+    "template <class T> __device__ __forceinline__ float ld_rb(const T *p, int rb) {\n"
+    "  const float v = ld(p);\n"
+    "  return rb ? __uint_as_float((u32)bf16_bits(v) << 16) : v;\n"
+    "}\n"
+    "\n"
+    "// Row-wise: x's columns [sx, sx + cols) of rows of ldx elements (x itself: ldx = cols, sx = 0),\n"
+    "// GROUP | cols, cut into ngroups groups of GROUP elements, gpr = cols / GROUP a row. TPG\n"
+    "// consecutive threads take a group, EPT consecutive elements each; the group maximum is a\n"
+    "// shuffle within those lanes. Writes q (rows, cols) and scale (rows, cols/BLOCK).\n"
+    "template <class T>\n"
+    "__device__ void mxfp8_quantize(const T *x, u8 *q, u8 *scale, i64 ngroups, i64 gpr, i64 ldx, i64 sx, int rb) {\n"
     "  const i64 tid = (i64)blockIdx.x * blockDim.x + threadIdx.x;\n"
     "  const i64 g = tid / TPG;\n"
     "  const bool on = g < ngroups;\n"
-    "  const i64 base = g * GROUP + (tid % TPG) * EPT;\n"
+    "  const i64 base = g * GROUP + (tid % TPG) * EPT, xbase = g / gpr * ldx + sx + g % gpr * GROUP + (tid % TPG) * EPT;\n"
     "  float v[EPT];\n"
     "  float amax = 0.0f;\n"
     "#pragma unroll\n"
     "  for (int j = 0; j < EPT; j++) {\n"
-    "    v[j] = on ? ld(x + base + j) : 0.0f;\n"
+    "    v[j] = on ? ld_rb(x + xbase + j, rb) : 0.0f;\n"
     "    amax = fmaxf(amax, amax_key(v[j]));\n"
     "  }\n"
     "#pragma unroll\n"
@@ -100,19 +109,20 @@ static const char *const src =
     "// Column-wise quantization goes through shared memory so that both the reads (along rows)\n"
     "// and the writes (along columns) coalesce: a block of QC_NT threads takes a tile of 128 rows\n"
     "// (rows r0 .. r0 + n - 1 of x, n <= 128; rows past n read as zero) by QC_COLS columns (from\n"
-    "// c0, up to ncols). Thread t takes column c0 + t / 8 and the 16 rows 16 (t % 8) .. + 15 of\n"
+    "// c0, up to ncols; column c of row r at x + r ldx + sx + c, rounded to bf16 when rb).\n"
+    "// Thread t takes column c0 + t / 8 and the 16 rows 16 (t % 8) .. + 15 of\n"
     "// the tile: a group of GROUP rows is its own (GROUP <= 16) or spread over GROUP / 16 adjacent\n"
     "// lanes, whose maxima meet by shuffles. Gives the thread's 16 bytes (byte j: row 16 (t % 8) + j;\n"
     "// rows past n are 0) and the E8M0 code of each of its QC_RPT / QC_SUB row chunks.\n"
     "constexpr int QC_NT = 256, QC_COLS = 32, QC_RPT = 16;\n"
     "constexpr int QC_SUB = GROUP < QC_RPT ? GROUP : QC_RPT; // rows under one maximum within a thread\n"
     "template <class T>\n"
-    "__device__ void qcols_tile(const T *x, i64 ldx, i64 ncols, i64 r0, int n, i64 c0, u8 (&b)[QC_RPT],\n"
+    "__device__ void qcols_tile(const T *x, i64 ldx, i64 sx, int rb, i64 ncols, i64 r0, int n, i64 c0, u8 (&b)[QC_RPT],\n"
     "                           int (&code)[QC_RPT / QC_SUB]) {\n"
     "  __shared__ float tile[128][QC_COLS + 1]; // +1: the column reads below hit distinct banks\n"
     "  for (int i = threadIdx.x; i < 128 * QC_COLS; i += QC_NT) {\n"
     "    const int r = i / QC_COLS, c = i % QC_COLS;\n"
-    "    tile[r][c] = r < n && c0 + c < ncols ? ld(x + (r0 + r) * ldx + c0 + c) : 0.0f;\n"
+    "    tile[r][c] = r < n && c0 + c < ncols ? ld_rb(x + (r0 + r) * ldx + sx + c0 + c, rb) : 0.0f;\n"
     "  }\n"
     "  __syncthreads();\n"
     "  const int c = threadIdx.x / 8, p = threadIdx.x % 8;\n"
@@ -159,7 +169,7 @@ static const char *const src =
     "  const int n = rows - r0 < 128 ? (int)(rows - r0) : 128;\n"
     "  u8 b[QC_RPT];\n"
     "  int code[QC_RPT / QC_SUB];\n"
-    "  qcols_tile(x, cols, cols, r0, n, c0, b, code);\n"
+    "  qcols_tile(x, cols, 0, 0, cols, r0, n, c0, b, code);\n"
     "  const i64 c = c0 + threadIdx.x / 8;\n"
     "  const int p0 = threadIdx.x % 8 * QC_RPT, cnt = n - p0 < 0 ? 0 : n - p0 < QC_RPT ? n - p0 : QC_RPT;\n"
     "  if (c >= cols || cnt == 0) return;\n"
@@ -276,9 +286,10 @@ static const char *const src =
     "// (P_e / 128, C) f32 at sf + C Poff_e / 128 (Poff_e: the P of the experts before e). Blocks of\n"
     "// 128 rows restart at each expert (the last one scaled from its own rows, as ck_mxfp8_qdq).\n"
     "// Block b takes column tile b % ceil(C / QC_COLS) of 128-row unit b / that; units >= the sum\n"
-    "// of P_e / 128 (spare blocks return). GROUP is 128.\n"
+    "// of P_e / 128 (spare blocks return). GROUP is 128. x may be a column window as in qcols_tile.\n"
     "template <class T>\n"
-    "__device__ void mxfp8_quantize_cols_experts(const T *x, u8 *qt, float *sf, i64 C, const int *counts, i64 E, i64 units) {\n"
+    "__device__ void mxfp8_quantize_cols_experts(const T *x, u8 *qt, float *sf, i64 C, const int *counts, i64 E, i64 units,\n"
+    "                                            i64 ldx, i64 sx, int rb) {\n"
     "  const i64 ntc = (C + QC_COLS - 1) / QC_COLS, c0 = blockIdx.x % ntc * QC_COLS;\n"
     "  i64 uu = blockIdx.x / ntc, start = 0, poff = 0, m = -1;\n"
     "  for (i64 e = 0; e < E; e++) {\n"
@@ -294,7 +305,7 @@ static const char *const src =
     "  const int n = m - uu * 128 < 128 ? (int)(m - uu * 128) : 128;\n"
     "  u8 b[QC_RPT];\n"
     "  int code[QC_RPT / QC_SUB];\n"
-    "  qcols_tile(x, C, C, start + uu * 128, n, c0, b, code);\n"
+    "  qcols_tile(x, ldx, sx, rb, C, start + uu * 128, n, c0, b, code);\n"
     "  const i64 c = c0 + threadIdx.x / 8;\n"
     "  if (c >= C) return;\n"
     "  qcols_store(qt + C * poff + c * P + uu * 128 + threadIdx.x % 8 * QC_RPT, b, QC_RPT);\n"
@@ -328,12 +339,13 @@ void cg_emit_mxfp8(cg_buf *b, const cg_variant *v, int emu) {
            kv, emu);
   for (int x = 0; x < CG_DT_COUNT; x++) {
     cg_dtype_kv(kv, (cg_dtype)x, (cg_dtype)x);
-    cg_entry(b, CG_NT_MX, "moec_mxfp8_quantize_${x}", "const ${X} *x, u8 *q, u8 *scale, i64 ngroups",
+    cg_entry(b, CG_NT_MX, "moec_mxfp8_quantize_${x}",
+             "const ${X} *x, u8 *q, u8 *scale, i64 ngroups, i64 gpr, i64 ldx, i64 sx, int rb",
              "mxfp8_quantize<${X}>", kv, emu);
     cg_entry(b, CG_NT_MX, "moec_mxfp8_quantize_cols_${x}", "const ${X} *x, u8 *qt, u8 *scale_t, i64 rows, i64 cols",
              "mxfp8_quantize_cols<${X}>", kv, emu);
     cg_entry(b, CG_NT_MX, "moec_mxfp8_quantize_cols_experts_${x}",
-             "const ${X} *x, u8 *qt, float *sf, i64 C, const int *counts, i64 E, i64 units",
+             "const ${X} *x, u8 *qt, float *sf, i64 C, const int *counts, i64 E, i64 units, i64 ldx, i64 sx, int rb",
              "mxfp8_quantize_cols_experts<${X}>", kv, emu);
     cg_entry(b, CG_NT_MX, "moec_mxfp8_dequantize_${x}", "const u8 *q, const u8 *scale, ${X} *x, i64 n",
              "mxfp8_dequantize<${X}>", kv, emu);

@@ -236,7 +236,15 @@ typedef struct gpu_exec gx;
 enum {
   VIEW_WINDOW = 1, /* a slice_cols that writes nothing: its readers take their window of its input */
   VIEW_ALIAS = 2,  /* an mxfp8_dequantize to its input's storage type: its input's buffer as is */
+  VIEW_CAST = 3,   /* a cast f32 -> bf16 that writes nothing: its readers (packing quantizes) read its
+                      input, or that slice's window, and round to bf16 themselves */
 };
+
+/* The value a chain of views reads in the end (v itself when v is no view). */
+static int view_root(const gx *x, int v) {
+  while (x->view[v]) v = x->g->nodes[v].in[0];
+  return v;
+}
 
 #define N(id) (&x->g->nodes[id])
 #define V(id, k) (&x->val[N(id)->in[k]])
@@ -411,6 +419,10 @@ static int exec_CAST(gx *x, int id) {
   const dev_value *a = V(id, 0);
   if (N(N(id)->in[0])->op == OP_PARAM && DT(x, N(id)->in[0]) == CG_DT_F32 && DT(x, id) == CG_DT_BF16)
     return cast_param(x, id);
+  if (x->view[id] == VIEW_CAST && !x->keep_all) { /* its quantizes read a and round (plan_views) */
+    x->val[id] = (dev_value){.rows = a->rows, .numel = a->numel};
+    return 0;
+  }
   if (alloc_out(x, id, a->rows, 0)) return -1;
   if (x->view[N(id)->in[0]] == VIEW_WINDOW && !a->p) { /* cast(slice_cols(s)): the window of s, converted in one pass */
     int s = N(id)->in[0], src = N(s)->in[0];
@@ -1052,15 +1064,24 @@ static int fp8_pack(gx *x, int id) {
   int64_t block = ir_get_int(n, "block", 32);
   size_t es = dsize(x->g->nodes[n->in[0]].type.dtype);
   int kind = x->fp8.kind[id];
+  /* the input: a itself, or through a cast view (rounded here) of a value or of a slice's window */
+  gpu_ptr src = a->p;
+  int64_t ldx = COLS(n->in[0]), sx = 0;
+  int rb = 0;
+  if (x->view[n->in[0]] == VIEW_CAST && !a->p) {
+    int c = n->in[0], s = N(c)->in[0], r = x->view[s] == VIEW_WINDOW ? N(s)->in[0] : s;
+    src = x->val[r].p, t = DT(x, r), ldx = COLS(r), rb = 1;
+    sx = x->view[s] == VIEW_WINDOW ? ir_get_int(N(s), "start", 0) : 0;
+  }
   if (kind == FP8_ROWS) { /* (S, K): E4M3 as is, E8M0 codes; the reader lays the scales out per expert */
     int64_t S = a->rows, K = COLS(id);
     if (packed_bufs(x, id, (size_t)((S + 16) * K), (size_t)(S * K / block))) return -1; /* 16 rows of slack (gpu_fp8.h) */
-    return ck(x, id, rt_cuda_mxfp8_quantize(KX, t, a->p, S, K, block, 1, v->q8, v->s8));
+    return ck(x, id, rt_cuda_mxfp8_quantize_win(KX, t, src, ldx, sx, rb, S, K, block, 1, v->q8, v->s8));
   }
   if (kind == FP8_COLS) { /* (S, C) by expert: transposed, padded expert blocks with f32 scales */
     int64_t S = a->rows, C = COLS(id), E = DIMOF(id, 1, 0);
     if (packed_bufs(x, id, (size_t)(C * (S + 128 * E)), (size_t)(C * (S / 128 + E)) * 4)) return -1;
-    return ck(x, id, rt_cuda_mxfp8_quantize_cols_experts(KX, t, a->p, S, C, V(id, 1)->p, E, v->q8, v->s8));
+    return ck(x, id, rt_cuda_mxfp8_quantize_cols_experts_win(KX, t, src, ldx, sx, rb, S, C, V(id, 1)->p, E, v->q8, v->s8));
   }
   /* weights (E, A, B): W_IN along A -> (E, B, A) transposed; W_OUT along B -> as is. Then the
    * f32 scales, one segment of N rows per expert. */
@@ -1342,30 +1363,47 @@ static int reads_window(const gx *x, int id) {
          ir_get_int(n, "axis", 0) == n->type.rank - 1;
 }
 
+/* A reader that can take a cast view's input in place: a quantize that only packs (rows along
+ * the last axis, or expert columns) and rounds to bf16 as it reads. */
+static int reads_cast(const gx *x, int id) {
+  const ir_node *n = N(id);
+  int k = x->fp8.kind[id];
+  return n->op == OP_MXFP8_QUANTIZE && !x->fp8.values[id] && ((k == FP8_ROWS && n->n_in == 1) || k == FP8_COLS);
+}
+
 /* Values read through their input, which then lives until their last reader:
  * - slice_cols read only in place (grouped_mlp_bwd's f32 pieces, cast to bf16 for the GEMMs;
  *   grouped_mlp's saved gate_up, quantized): the readers take their window of the slice's
  *   input in one pass, and the slice writes nothing;
  * - an mxfp8_dequantize that an FP8 site does not skip, to bf16: the e4m3 values are stored in
- *   bf16 already (cdt), so it is its input's buffer, not a copy. */
+ *   bf16 already (cdt), so it is its input's buffer, not a copy;
+ * - a cast f32 -> bf16 (of grouped_mlp_bwd's pieces) read only by FP8-packing quantizes, which
+ *   read its input and round as they go: the bf16 copy is never written.
+ * Views chain (a cast view of a slice window); the root of the chain is what is kept. */
 static void plan_views(gx *x) {
   const ir_graph *g = x->g;
   for (int id = 0; id < g->n_nodes; id++) {
     const ir_node *nd = &g->nodes[id];
+    int in0 = nd->n_in ? nd->in[0] : 0;
     x->view[id] = nd->op == OP_SLICE_COLS ? VIEW_WINDOW
-                  : nd->op == OP_MXFP8_DEQUANTIZE && !x->fp8.skip[id] && DT(x, id) == DT(x, nd->in[0]) ? VIEW_ALIAS
-                                                                                                       : 0;
+                  : nd->op == OP_MXFP8_DEQUANTIZE && !x->fp8.skip[id] && DT(x, id) == DT(x, in0) ? VIEW_ALIAS
+                  : nd->op == OP_CAST && g->nodes[in0].op != OP_PARAM && DT(x, in0) == CG_DT_F32 && DT(x, id) == CG_DT_BF16
+                      ? VIEW_CAST
+                      : 0;
   }
   for (int i = 0; i < g->n_outputs; i++) x->view[g->outputs[i]] = 0;
   for (int id = 0; id < g->n_nodes; id++)
-    for (int j = 0; j < g->nodes[id].n_in; j++)
-      if (x->view[g->nodes[id].in[j]] == VIEW_WINDOW && !reads_window(x, id)) x->view[g->nodes[id].in[j]] = 0;
+    for (int j = 0; j < g->nodes[id].n_in; j++) {
+      int v = g->nodes[id].in[j];
+      if ((x->view[v] == VIEW_WINDOW && !reads_window(x, id)) || (x->view[v] == VIEW_CAST && !reads_cast(x, id)))
+        x->view[v] = 0;
+    }
   for (int id = 0; id < g->n_nodes; id++)
     for (int j = 0; j < g->nodes[id].n_in; j++) {
       int v = g->nodes[id].in[j];
       if (!x->view[v]) continue;
-      int src = g->nodes[v].in[0];
-      if (x->last_use[src] < id) x->last_use[src] = id;
+      int root = view_root(x, v);
+      if (x->last_use[root] < id) x->last_use[root] = id;
     }
 }
 
@@ -1504,8 +1542,10 @@ int gpu_exec_run(gpu_exec *x, const int32_t *tokens, const int32_t *labels, int6
         if (x->last_use[v] == id) release(x, &x->val[v]);
         /* a packed quantize lives until the FP8 site that reads it through this dequantize, and
            the input of a viewed slice until its last cast */
-        if ((g->nodes[v].op == OP_MXFP8_DEQUANTIZE || x->view[v]) && x->last_use[g->nodes[v].in[0]] == id)
+        if (g->nodes[v].op == OP_MXFP8_DEQUANTIZE && !x->view[v] && x->last_use[g->nodes[v].in[0]] == id)
           release(x, &x->val[g->nodes[v].in[0]]);
+        else if (x->view[v] && x->last_use[view_root(x, v)] == id)
+          release(x, &x->val[view_root(x, v)]);
       }
   }
   if (rc == 0) {

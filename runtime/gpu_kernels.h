@@ -218,6 +218,10 @@ int rt_cuda_mlp_bwd_rows(rt_cuda *k, cg_dtype tgu, cg_dtype to, gpu_ptr dact, gp
 int rt_cuda_mxfp8_quantize(rt_cuda *k, cg_dtype t, gpu_ptr x /* (rows, cols) */, int64_t rows, int64_t cols,
                            int64_t block, int share128, gpu_ptr q /* u8 (rows, cols) */,
                            gpu_ptr scale /* u8 (rows, cols/block) */);
+/* The same of x's columns [sx, sx + cols), x (rows, ldx) in t, each value first rounded to bf16
+ * when round_bf16 (a cast f32 -> bf16 that the quantize reads through, never written). */
+int rt_cuda_mxfp8_quantize_win(rt_cuda *k, cg_dtype t, gpu_ptr x, int64_t ldx, int64_t sx, int round_bf16, int64_t rows,
+                               int64_t cols, int64_t block, int share128, gpu_ptr q, gpu_ptr scale);
 /* The column-wise copy: quantizes x^T, i.e. qt (cols, rows), scale_t (cols, rows/block). */
 int rt_cuda_mxfp8_quantize_cols(rt_cuda *k, cg_dtype t, gpu_ptr x /* (rows, cols) */, int64_t rows, int64_t cols,
                                 int64_t block, int share128, gpu_ptr qt, gpu_ptr scale_t);
@@ -240,6 +244,9 @@ int rt_cuda_mxfp8_scales_vec128(rt_cuda *k, gpu_ptr scale, int64_t rows, int64_t
  * 128-shared MXFP8 blocks restarting at each expert (ck_mxfp8_qdq with counts). */
 int rt_cuda_mxfp8_quantize_cols_experts(rt_cuda *k, cg_dtype t, gpu_ptr x, int64_t S, int64_t C, gpu_ptr counts, int64_t E,
                                         gpu_ptr qt, gpu_ptr sf);
+/* The same of x's columns [sx, sx + C), x (S, ldx), rounded to bf16 first when round_bf16. */
+int rt_cuda_mxfp8_quantize_cols_experts_win(rt_cuda *k, cg_dtype t, gpu_ptr x, int64_t ldx, int64_t sx, int round_bf16,
+                                            int64_t S, int64_t C, gpu_ptr counts, int64_t E, gpu_ptr qt, gpu_ptr sf);
 /* ck_mxfp8_qdq: y (dims, in ty; may be x) = the exact values of x quantized to MXFP8 along
  * `axis` of dims (rank 1..4), blocks restarting at each expert's first row when counts (i32
  * (E) on the device, axis 0 only) is not 0. */

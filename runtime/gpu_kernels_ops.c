@@ -519,13 +519,22 @@ static int mx_check(rt_cuda *k, const char *what, int64_t along, int64_t block, 
 
 int rt_cuda_mxfp8_quantize(rt_cuda *k, cg_dtype t, gpu_ptr x, int64_t rows, int64_t cols, int64_t block, int share128,
                            gpu_ptr q, gpu_ptr scale) {
+  return rt_cuda_mxfp8_quantize_win(k, t, x, cols, 0, 0, rows, cols, block, share128, q, scale);
+}
+
+int rt_cuda_mxfp8_quantize_win(rt_cuda *k, cg_dtype t, gpu_ptr x, int64_t ldx, int64_t sx, int round_bf16, int64_t rows,
+                               int64_t cols, int64_t block, int share128, gpu_ptr q, gpu_ptr scale) {
   if (mx_check(k, "mxfp8_quantize", cols, block, share128)) return -1;
+  if (sx < 0 || sx + cols > ldx)
+    return rtk_fail(k, "mxfp8_quantize: columns [%lld, %lld) of %lld (%s)", (long long)sx, (long long)(sx + cols),
+                    (long long)ldx, ck_strerror(CK_ESHAPE));
   const cg_variant v = {(int)block, share128 != 0};
-  int64_t group = share128 ? 128 : block, tpg = group < 32 ? group : 32, ngroups = rows * (cols / group);
+  int64_t group = share128 ? 128 : block, tpg = group < 32 ? group : 32, gpr = cols / group, ngroups = rows * gpr;
+  int rb = round_bf16 != 0;
   char name[64];
   KN("mxfp8_quantize", 1, t);
   return rtk_launch(k, CG_FAM_MXFP8, &v, name, rtk_blocks(ngroups * tpg, CG_NT_MX), 1, CG_NT_MX,
-                    ARGS(&x, &q, &scale, &ngroups));
+                    ARGS(&x, &q, &scale, &ngroups, &gpr, &ldx, &sx, &rb));
 }
 
 int rt_cuda_mxfp8_quantize_cols(rt_cuda *k, cg_dtype t, gpu_ptr x, int64_t rows, int64_t cols, int64_t block,
@@ -560,10 +569,20 @@ int rt_cuda_mxfp8_scales_vec128(rt_cuda *k, gpu_ptr scale, int64_t rows, int64_t
 
 int rt_cuda_mxfp8_quantize_cols_experts(rt_cuda *k, cg_dtype t, gpu_ptr x, int64_t S, int64_t C, gpu_ptr counts, int64_t E,
                                         gpu_ptr qt, gpu_ptr sf) {
+  return rt_cuda_mxfp8_quantize_cols_experts_win(k, t, x, C, 0, 0, S, C, counts, E, qt, sf);
+}
+
+int rt_cuda_mxfp8_quantize_cols_experts_win(rt_cuda *k, cg_dtype t, gpu_ptr x, int64_t ldx, int64_t sx, int round_bf16,
+                                            int64_t S, int64_t C, gpu_ptr counts, int64_t E, gpu_ptr qt, gpu_ptr sf) {
+  if (sx < 0 || sx + C > ldx)
+    return rtk_fail(k, "mxfp8_quantize_cols_experts: columns [%lld, %lld) of %lld (%s)", (long long)sx, (long long)(sx + C),
+                    (long long)ldx, ck_strerror(CK_ESHAPE));
   const cg_variant v = {32, 1};
+  int rb = round_bf16 != 0;
   int64_t units = S / 128 + E;
   char name[64];
   KN("mxfp8_quantize_cols_experts", 1, t);
   int64_t blocks = (C + 31) / 32 * units; /* one block a tile of 128 rows by 32 columns (cg_mxfp8.c) */
-  return rtk_launch(k, CG_FAM_MXFP8, &v, name, (uint64_t)blocks, 1, CG_NT_MX, ARGS(&x, &qt, &sf, &C, &counts, &E, &units));
+  return rtk_launch(k, CG_FAM_MXFP8, &v, name, (uint64_t)blocks, 1, CG_NT_MX,
+                    ARGS(&x, &qt, &sf, &C, &counts, &E, &units, &ldx, &sx, &rb));
 }

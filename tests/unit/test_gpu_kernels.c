@@ -717,6 +717,21 @@ static void test_mxfp8(cg_dtype t, int block, int share) {
   download(gs, ds, nb);
   CHECK(memcmp(q, gq, n) == 0 && memcmp(s, gs, nb) == 0, "mxfp8 quantize differs from ck_mxfp8_quantize");
   printf("  %-44s %6lld values, bit-exact (elements and scales)\n", "quantize", (long long)n);
+  { /* columns [128, 896) of a f32 x, through a cast to bf16 that is never written */
+    const int64_t s0 = 128, w = 768, nw = rows * w;
+    float *xf = mx_input(rows, cols, CG_DT_F32), *win = falloc(nw);
+    for (int64_t r = 0; r < rows; r++) memcpy(win + r * w, xf + r * cols + s0, (size_t)w * sizeof *win);
+    ck_round_bf16(win, nw);
+    uint8_t *qw = malloc(nw), *sw = malloc(nw / block);
+    CHECK(ck_mxfp8_quantize(win, rows, w, block, share, qw, sw) == CK_OK, "ck_mxfp8_quantize");
+    gpu_ptr dxf = up_f(xf, n, CG_DT_F32);
+    RUN(rt_cuda_mxfp8_quantize_win(K, CG_DT_F32, dxf, cols, s0, 1, rows, w, block, share, dq, ds));
+    download(gq, dq, nw);
+    download(gs, ds, nw / block);
+    CHECK(memcmp(qw, gq, nw) == 0 && memcmp(sw, gs, nw / block) == 0, "mxfp8 quantize of a window, rounded to bf16, differs");
+    printf("  %-44s %6lld values, bit-exact\n", "quantize a window through a bf16 cast", (long long)nw);
+    free(xf), free(win), free(qw), free(sw);
+  }
 
   /* column-wise: the same as quantizing the transpose */
   float *xt = falloc(n); /* x^T (cols, rows): its column-wise quantization is x's row-wise one */
@@ -757,25 +772,12 @@ static void test_mxfp8(cg_dtype t, int block, int share) {
   dfree_all();
 }
 
-/* FP8 GEMM operands from the 128-shared quantization, bit-exact with ck_mxfp8_quantize: the
- * per-expert f32 scale layouts (by device counts, by fixed segments) and the weight
- * gradient's transposed, zero-padded expert blocks. */
-static void test_fp8_operands(cg_dtype t) {
-  printf("fp8 gemm operands [%s]:\n", cg_dtype_name(t));
-  const int64_t S = 300, C = 160, KD = 256, E4 = 4;
-  const int32_t counts[4] = {0, 130, 1, 169}; /* an empty expert, a one-row one, blocks cut short */
-  gpu_ptr dc = up_raw(counts, sizeof counts);
-  /* wgrad operand */
-  float *x = mx_input(S, C, t);
-  int64_t Ptot = 0;
-  for (int e = 0; e < E4; e++) Ptot += (counts[e] + 127) / 128 * 128;
-  gpu_ptr dx = up_f(x, S * C, t), dq = dmalloc((size_t)(C * Ptot)), dsf = dmalloc((size_t)(C * Ptot / 128) * 4);
-  RUN(rt_cuda_mxfp8_quantize_cols_experts(K, t, dx, S, C, dc, E4, dq, dsf));
-  uint8_t *gq = malloc((size_t)(C * Ptot));
-  float *gsf = falloc(C * Ptot / 128);
-  download(gq, dq, (size_t)(C * Ptot));
-  download(gsf, dsf, (size_t)(C * Ptot / 128) * 4);
+/* Blocks of quantize_cols_experts' output (gq, gsf) that differ from ck_mxfp8_quantize of each
+ * expert's rows of x (S, C), transposed and zero-padded to a multiple of 128. */
+static int64_t cols_experts_bad(const float *x, int64_t S, int64_t C, const int32_t *counts, int E4, const uint8_t *gq,
+                                const float *gsf) {
   int64_t start = 0, poff = 0, bad = 0;
+  (void)S;
   for (int e = 0; e < E4; e++) {
     int64_t m = counts[e], P = (m + 127) / 128 * 128;
     if (P == 0) continue;
@@ -794,7 +796,42 @@ static void test_fp8_operands(cg_dtype t) {
     free(xt), free(q), free(s);
     start += m, poff += P;
   }
+  return bad;
+}
+
+/* FP8 GEMM operands from the 128-shared quantization, bit-exact with ck_mxfp8_quantize: the
+ * per-expert f32 scale layouts (by device counts, by fixed segments) and the weight
+ * gradient's transposed, zero-padded expert blocks. */
+static void test_fp8_operands(cg_dtype t) {
+  printf("fp8 gemm operands [%s]:\n", cg_dtype_name(t));
+  const int64_t S = 300, C = 160, KD = 256, E4 = 4;
+  const int32_t counts[4] = {0, 130, 1, 169}; /* an empty expert, a one-row one, blocks cut short */
+  gpu_ptr dc = up_raw(counts, sizeof counts);
+  /* wgrad operand */
+  float *x = mx_input(S, C, t);
+  int64_t Ptot = 0;
+  for (int e = 0; e < E4; e++) Ptot += (counts[e] + 127) / 128 * 128;
+  gpu_ptr dx = up_f(x, S * C, t), dq = dmalloc((size_t)(C * Ptot)), dsf = dmalloc((size_t)(C * Ptot / 128) * 4);
+  RUN(rt_cuda_mxfp8_quantize_cols_experts(K, t, dx, S, C, dc, E4, dq, dsf));
+  uint8_t *gq = malloc((size_t)(C * Ptot));
+  float *gsf = falloc(C * Ptot / 128);
+  download(gq, dq, (size_t)(C * Ptot));
+  download(gsf, dsf, (size_t)(C * Ptot / 128) * 4);
+  int64_t bad = cols_experts_bad(x, S, C, counts, E4, gq, gsf);
   CHECK(bad == 0, "quantize_cols_experts differs from ck_mxfp8_quantize on the padded transposes (%lld bad blocks)", (long long)bad);
+  { /* a column window [24, 24 + C) of a wider f32 matrix, through a cast to bf16 never written */
+    const int64_t W = C + 40, s0 = 24;
+    float *xw = mx_input(S, W, CG_DT_F32), *win = falloc(S * C);
+    for (int64_t r = 0; r < S; r++) memcpy(win + r * C, xw + r * W + s0, (size_t)C * sizeof *win);
+    ck_round_bf16(win, S * C);
+    gpu_ptr dxw = up_f(xw, S * W, CG_DT_F32);
+    RUN(rt_cuda_mxfp8_quantize_cols_experts_win(K, CG_DT_F32, dxw, W, s0, 1, S, C, dc, E4, dq, dsf));
+    download(gq, dq, (size_t)(C * Ptot));
+    download(gsf, dsf, (size_t)(C * Ptot / 128) * 4);
+    bad = cols_experts_bad(win, S, C, counts, E4, gq, gsf);
+    CHECK(bad == 0, "quantize_cols_experts of a window, rounded to bf16, differs (%lld bad blocks)", (long long)bad);
+    free(xw), free(win);
+  }
   printf("  %-44s %6lld values, bit-exact (elements and f32 scales)\n", "expert columns, transposed and padded", (long long)(S * C));
   /* per-expert scale layouts of a row quantization */
   float *y = mx_input(S, KD, t);
