@@ -238,6 +238,7 @@ enum {
   VIEW_ALIAS = 2,  /* an mxfp8_dequantize to its input's storage type: its input's buffer as is */
   VIEW_CAST = 3,   /* a cast f32 -> bf16 that writes nothing: its readers (packing quantizes) read its
                       input, or that slice's window, and round to bf16 themselves */
+  VIEW_SLAB = 4,   /* an unstack of whole rows (one expert's contiguous slab): a pointer into its input */
 };
 
 /* The value a chain of views reads in the end (v itself when v is no view). */
@@ -980,6 +981,10 @@ static int exec_UNSTACK(gx *x, int id) {
   int64_t in = N(N(id)->in[0])->type.dims[1], C = INCOLS(id, 0), e = ir_get_int(N(id), "expert", 0),
           start = ir_get_int(N(id), "start", 0), w = COLS(id);
   size_t es = dsize(N(N(id)->in[0])->type.dtype);
+  if (x->view[id] == VIEW_SLAB && !x->keep_all) { /* expert e's slab of the stacked input, not owned */
+    x->val[id] = (dev_value){.p = V(id, 0)->p + (gpu_ptr)((size_t)(e * in * C) * es), .rows = in, .numel = in * w};
+    return 0;
+  }
   if (alloc_out(x, id, in, 0)) return -1;
   return ck(x, id, rt_cuda_copy_cols(KX, DT(x, N(id)->in[0]), DT(x, id), V(id, 0)->p + (gpu_ptr)((size_t)(e * in * C) * es), C,
                                      start, x->val[id].p, w, 0, in, w));
@@ -1378,7 +1383,9 @@ static int reads_cast(const gx *x, int id) {
  * - an mxfp8_dequantize that an FP8 site does not skip, to bf16: the e4m3 values are stored in
  *   bf16 already (cdt), so it is its input's buffer, not a copy;
  * - a cast f32 -> bf16 (of grouped_mlp_bwd's pieces) read only by FP8-packing quantizes, which
- *   read its input and round as they go: the bf16 copy is never written.
+ *   read its input and round as they go: the bf16 copy is never written;
+ * - an unstack of an expert's whole rows in the stacked dtype (the down projection's weight
+ *   gradient): its slab of the stacked tensor, not a copy.
  * Views chain (a cast view of a slice window); the root of the chain is what is kept. */
 static void plan_views(gx *x) {
   const ir_graph *g = x->g;
@@ -1389,7 +1396,8 @@ static void plan_views(gx *x) {
                   : nd->op == OP_MXFP8_DEQUANTIZE && !x->fp8.skip[id] && DT(x, id) == DT(x, in0) ? VIEW_ALIAS
                   : nd->op == OP_CAST && g->nodes[in0].op != OP_PARAM && DT(x, in0) == CG_DT_F32 && DT(x, id) == CG_DT_BF16
                       ? VIEW_CAST
-                      : 0;
+                  : nd->op == OP_UNSTACK && DT(x, id) == DT(x, in0) && COLS(id) == COLS(in0) ? VIEW_SLAB
+                                                                                              : 0;
   }
   for (int i = 0; i < g->n_outputs; i++) x->view[g->outputs[i]] = 0;
   for (int id = 0; id < g->n_nodes; id++)
