@@ -14,11 +14,18 @@ static int64_t dtype_bytes(ir_dtype t) {
   }
 }
 
-/* Scratch an op holds only while it runs: attention's scores and probabilities, per sequence. */
+/* Scratch an op holds only while it runs. Attention in bf16 with head dim 64 or 128 runs the
+ * GPU's flash kernels (runtime/gpu_flash.c): the logsumexp rows (fwd), and in the backward an
+ * f32 dq accumulator, the row statistics and the recomputed output (T x C each, T = rows);
+ * otherwise attention materializes the scores and probabilities, one sequence at a time. */
 static int64_t scratch_bytes(const ir_graph *g, const ir_node *n) {
   if (n->op != OP_ATTENTION && n->op != OP_ATTENTION_BWD) return 0;
-  int64_t nh = ir_get_int(n, "heads", 1), seq = ir_get_int(n, "seq", 1);
-  int64_t es = dtype_bytes(g->nodes[n->in[0]].type.dtype);
+  const ir_type *q = &g->nodes[n->in[0]].type;
+  int64_t nh = ir_get_int(n, "heads", 1), seq = ir_get_int(n, "seq", 1), C = q->rank >= 2 ? q->dims[q->rank - 1] : 1;
+  int64_t T = ir_type_numel_bound(g, q) / (C > 0 ? C : 1), hd = nh > 0 ? C / nh : 0;
+  int64_t es = dtype_bytes(q->dtype);
+  if (q->dtype == DT_BF16 && (hd == 64 || hd == 128))
+    return n->op == OP_ATTENTION ? T * nh * 4 : T * C * (4 + 2) + 2 * T * nh * 4;
   return nh * seq * seq * (4 + es) + 2 * nh * seq * 4;
 }
 
