@@ -493,6 +493,9 @@ int rt_cuda_mxfp8_qdq(rt_cuda *k, cg_dtype tx, gpu_ptr x, cg_dtype ty, gpu_ptr y
                     ARGS(&x, &y, &outer, &L, &inner, &units, &counts, &E));
 }
 
+/* Threads per group of the row-wise MXFP8 kernels (cg_mxfp8.c's TPG). */
+static int64_t mx_tpg(int64_t group) { return group >= 64 ? group / 8 : group < 32 ? group : 32; }
+
 /* Along the rows of a column window: lanes share a unit, so a warp's accesses are consecutive
  * (cg_mxfp8.c, mxfp8_qdq_last). */
 int rt_cuda_mxfp8_qdq_cols(rt_cuda *k, cg_dtype tx, gpu_ptr x, int64_t ldx, int64_t sx, cg_dtype ty, gpu_ptr y,
@@ -501,7 +504,7 @@ int rt_cuda_mxfp8_qdq_cols(rt_cuda *k, cg_dtype tx, gpu_ptr x, int64_t ldx, int6
     return rtk_fail(k, "mxfp8 qdq: block %lld, columns [%lld, %lld) of %lld (%s)", (long long)block, (long long)sx,
                     (long long)(sx + w), (long long)ldx, ck_strerror(CK_ESHAPE));
   const cg_variant v = {(int)block, share128 != 0};
-  int64_t group = share128 ? 128 : block, tpg = group < 32 ? group : 32, units = (w + group - 1) / group;
+  int64_t group = share128 ? 128 : block, tpg = mx_tpg(group), units = (w + group - 1) / group;
   char name[64];
   KN("mxfp8_qdq_last", 2, tx, ty);
   return rtk_launch(k, CG_FAM_MXFP8, &v, name, rtk_blocks(rows * units * tpg, CG_NT_MX), 1, CG_NT_MX,
@@ -529,7 +532,7 @@ int rt_cuda_mxfp8_quantize_win(rt_cuda *k, cg_dtype t, gpu_ptr x, int64_t ldx, i
     return rtk_fail(k, "mxfp8_quantize: columns [%lld, %lld) of %lld (%s)", (long long)sx, (long long)(sx + cols),
                     (long long)ldx, ck_strerror(CK_ESHAPE));
   const cg_variant v = {(int)block, share128 != 0};
-  int64_t group = share128 ? 128 : block, tpg = group < 32 ? group : 32, gpr = cols / group, ngroups = rows * gpr;
+  int64_t group = share128 ? 128 : block, tpg = mx_tpg(group), gpr = cols / group, ngroups = rows * gpr;
   int rb = round_bf16 != 0;
   char name[64];
   KN("mxfp8_quantize", 1, t);

@@ -668,7 +668,8 @@ static void test_mxfp8_qdq(cg_dtype tx, cg_dtype ty, int share) {
     int64_t dims[3];
     int counts;
   } cs[] = {{2, 1, {70, 200}, 0}, {2, 0, {70, 40}, 0}, {2, 0, {70, 40}, 1},
-            {3, 1, {3, 150, 40}, 0}, {3, 2, {3, 48, 264}, 0}, {1, 0, {1000}, 0}};
+            {3, 1, {3, 150, 40}, 0}, {3, 2, {3, 48, 264}, 0}, {1, 0, {1000}, 0},
+            {2, 1, {7, 203}, 0}}; /* rows at unaligned addresses, a last unit of 75 */
   const int32_t counts[4] = {0, 33, 1, 36}; /* sum 70: an empty expert, a one-row one */
   for (size_t c = 0; c < sizeof cs / sizeof cs[0]; c++) {
     int64_t n = 1;
@@ -717,8 +718,8 @@ static void test_mxfp8(cg_dtype t, int block, int share) {
   download(gs, ds, nb);
   CHECK(memcmp(q, gq, n) == 0 && memcmp(s, gs, nb) == 0, "mxfp8 quantize differs from ck_mxfp8_quantize");
   printf("  %-44s %6lld values, bit-exact (elements and scales)\n", "quantize", (long long)n);
-  { /* columns [128, 896) of a f32 x, through a cast to bf16 that is never written */
-    const int64_t s0 = 128, w = 768, nw = rows * w;
+  for (int64_t s0 = 3; s0 <= 128; s0 += 125) { /* columns [s0, s0 + 768) of a f32 x (3: unaligned), through a cast to bf16 never written */
+    const int64_t w = 768, nw = rows * w;
     float *xf = mx_input(rows, cols, CG_DT_F32), *win = falloc(nw);
     for (int64_t r = 0; r < rows; r++) memcpy(win + r * w, xf + r * cols + s0, (size_t)w * sizeof *win);
     ck_round_bf16(win, nw);
