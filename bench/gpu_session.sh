@@ -4,6 +4,8 @@
 #   kernels  test_gpu_kernels against the CPU, test_gpu_nccl (one-rank world)    [210 s]
 #   step     test_gpu_step: tiny and l0_sanity, 20 steps against the CPU        [300 s]
 #   steptiny test_gpu_step on tiny only (MOEC_GPU_STEP_ONLY=tiny)                [120 s]
+#   determinism  l0_sanity 300 steps on chr20, twice with MOEC_DETERMINISTIC=1 and twice
+#            without, side by side: are the logs (loss, grad norm, val) identical? [120 s]
 #   parallel test_gpu_parallel: dp=2, ep=2, ep=2 x dp=2 vs one rank (host-staged; NCCL with 2+ GPUs) [300 s]
 #   genos    genos_1b bf16 naive + peer                                         [200 s]
 #   profile  genos_1b bf16 naive with MOEC_PROFILE=1 (reuses genos's peer)      [120 s]
@@ -99,7 +101,25 @@ for part in "${parts[@]}"; do
          END {n = v[ARGV[1]]; f = v[ARGV[2]]; m = v[ARGV[3]]
               if (n > 0 && f > 0 && m > 0) printf "final val_loss: bf16 naive %s, bf16 fused %s, mxfp8 %s; mxfp8 vs bf16 fused %+.2f%%, vs naive %+.2f%%\n", n, f, m, 100 * (m / f - 1), 100 * (m / n - 1)}' \
       "$L/chr20_bf16_naive.out" "$L/chr20_bf16_fused.out" "$L/chr20_mxfp8_fused.out" ;;
-  *) echo "unknown part '$part' (kernels step steptiny parallel genos profile fused fp8 fp8prof og2 og2fp8 ggemm chr20)" ;;
+  determinism)
+    D=$C/chr20.fa.gz
+    [ -f "$D" ] || D=data/chr20_slice.fa.gz
+    pids=()
+    for run in det1 det2 def1 def2; do
+      det=0
+      [ "${run#det}" != "$run" ] && det=1
+      MOEC_DETERMINISTIC=$det timeout 110 "$C/moec" train models/l0_sanity.moe --device cuda --data "$D" --steps 300 \
+        --set precision=bf16 --set val_every=100 --val-batches 16 --log "$L/$run.jsonl" >"$L/$run.out" 2>&1 &
+      pids+=($!)
+    done
+    wait "${pids[@]}"
+    for pair in det def; do
+      a=$L/${pair}1.jsonl b=$L/${pair}2.jsonl
+      strip() { sed 's/,"tokens_per_s":[0-9.e+-]*//' "$1"; }
+      if [ -s "$a" ] && cmp -s <(strip "$a") <(strip "$b"); then echo "$pair: identical logs ($(wc -l <"$a") lines)"
+      else echo "$pair: logs differ: $(diff <(strip "$a") <(strip "$b") | head -2 | tr '\n' ' ')"; fi
+    done ;;
+  *) echo "unknown part '$part' (kernels step steptiny parallel genos profile fused fp8 fp8prof og2 og2fp8 ggemm chr20 determinism)" ;;
   esac
 done
 echo "== done ($(date -u +%H:%M:%S))"

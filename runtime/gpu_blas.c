@@ -139,8 +139,8 @@ static void *layout(gpu_blas *b, cg_dtype t, int64_t rows, int64_t cols, int64_t
   return l;
 }
 
-/* MOEC_GEMM_TUNE (default 1): time the heuristic's candidates on the first call of a shape
- * class and keep the fastest; 0 keeps the heuristic's first choice. MOEC_GEMM_LOG=1 prints
+/* MOEC_GEMM_TUNE (default 1; 0 under MOEC_DETERMINISTIC): time the heuristic's candidates on
+ * the first call of a shape class and keep the fastest; 0 keeps the heuristic's first choice. MOEC_GEMM_LOG=1 prints
  * each tuned shape (stderr). */
 static int env_int(const char *name, int dflt) {
   const char *e = getenv(name);
@@ -180,7 +180,7 @@ static int pick_algo(gpu_blas *b, const lt_call *c, algo_entry *e, const int64_t
                      const int64_t mnk[3]) {
   void *pref = NULL;
   gpu_blas_heuristic res[TUNE_CANDIDATES];
-  int found = 0, tune = env_int("MOEC_GEMM_TUNE", 1) && c->beta == 0.0f;
+  int found = 0, tune = env_int("MOEC_GEMM_TUNE", !gpu_deterministic()) && c->beta == 0.0f;
   if (b->api->MatmulPreferenceCreate(&pref) != 0) return -1;
   uint64_t ws = b->workspace_bytes;
   b->api->MatmulPreferenceSetAttribute(pref, PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);

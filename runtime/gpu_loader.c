@@ -484,6 +484,11 @@ int gpu_event_elapsed(gpu_ctx *g, void *earlier, void *later, float *ms) {
   return 0;
 }
 
+int gpu_deterministic(void) {
+  const char *e = getenv("MOEC_DETERMINISTIC");
+  return e && *e && strcmp(e, "0") != 0;
+}
+
 int gpu_event_done(void *ev) {
   CUresult r = cu.EventQuery(ev);
   return r == CUDA_SUCCESS ? 1 : r == CUDA_ERROR_NOT_READY ? 0 : -1;

@@ -37,6 +37,12 @@ typedef struct {
   int pci_domain, pci_bus, pci_device; /* where it sits: which physical GPU, whatever CUDA_VISIBLE_DEVICES says */
 } gpu_device_info;
 
+/* MOEC_DETERMINISTIC=1: GPU runs of one command give the same bits every time, at some cost in
+ * speed: attention through GEMMs instead of the flash backward's atomic adds (unless
+ * MOEC_ATTENTION=flash says otherwise), and each GEMM on cuBLASLt's first heuristic choice
+ * instead of the fastest one timed in this run. */
+int gpu_deterministic(void);
+
 /* Loads the driver and runs cuInit, once per process (later calls repeat the first result). */
 int gpu_driver_load(char *err, size_t errlen);
 /* Number of CUDA devices (0 when the driver loads but sees none). */
