@@ -484,6 +484,11 @@ int gpu_event_elapsed(gpu_ctx *g, void *earlier, void *later, float *ms) {
   return 0;
 }
 
+int gpu_bind(gpu_ctx *g) {
+  CALL(g, cu.CtxSetCurrent(g->ctx), "cuCtxSetCurrent");
+  return 0;
+}
+
 int gpu_deterministic(void) {
   const char *e = getenv("MOEC_DETERMINISTIC");
   return e && *e && strcmp(e, "0") != 0;

@@ -52,6 +52,8 @@ int gpu_device_count(int *n, char *err, size_t errlen);
  * creates one non-blocking stream, on which every async call below is queued. */
 gpu_ctx *gpu_open(int ordinal, char *err, size_t errlen);
 void gpu_close(gpu_ctx *g);
+/* Makes g's context current on the calling thread (a helper thread that queries g's events). */
+int gpu_bind(gpu_ctx *g);
 const gpu_device_info *gpu_info(const gpu_ctx *g);
 const char *gpu_error(const gpu_ctx *g); /* the last failure's message */
 void *gpu_stream(const gpu_ctx *g);      /* the CUstream */

@@ -117,6 +117,7 @@ static double timeout_from_env(void) {
 
 static void *watchdog(void *p) {
   gpu_nccl *c = p;
+  int bound = gpu_bind(c->g) == 0; /* event queries need the context; without it, async errors only */
   for (;;) {
     struct timespec nap = {0, 100 * 1000 * 1000};
     nanosleep(&nap, NULL);
@@ -129,9 +130,9 @@ static void *watchdog(void *p) {
     if (api.CommGetAsyncError(c->comm, &st) == 0 && st != 0 && st != NCCL_IN_PROGRESS)
       snprintf(c->failure, sizeof c->failure, "NCCL rank %d of %d: %s (a peer rank failed or its connection was lost)",
                c->rank, c->nranks, api.GetErrorString(st));
-    else if (c->ev_at >= 0 && now_s() - c->ev_at > c->timeout_s) {
+    else if (bound && c->ev_at >= 0 && now_s() - c->ev_at > c->timeout_s) {
       int done = gpu_event_done(c->ev);
-      if (done == 1) c->ev_at = -1;
+      if (done != 0) c->ev_at = -1; /* finished, or the query failed: no verdict from it */
       else
         snprintf(c->failure, sizeof c->failure,
                  "NCCL rank %d of %d: a collective made no progress for %.0f s (a peer rank stopped or hangs; "
