@@ -1364,8 +1364,8 @@ void gpu_exec_set_comm(gpu_exec *x, gpu_comm *c) { x->comm = c; }
 static int reads_window(const gx *x, int id) {
   const ir_node *n = N(id);
   if (n->op == OP_CAST) return 1;
-  return n->op == OP_MXFP8_QUANTIZE && n->n_in == 1 && x->fp8.kind[id] == FP8_NONE &&
-         ir_get_int(n, "axis", 0) == n->type.rank - 1;
+  return n->op == OP_MXFP8_QUANTIZE && n->n_in == 1 && x->fp8.kind[id] == FP8_NONE && n->type.rank == 2 &&
+         ir_get_int(n, "axis", 0) == 1;
 }
 
 /* A reader that can take a cast view's input in place: a quantize that only packs (rows along
@@ -1392,12 +1392,12 @@ static void plan_views(gx *x) {
   for (int id = 0; id < g->n_nodes; id++) {
     const ir_node *nd = &g->nodes[id];
     int in0 = nd->n_in ? nd->in[0] : 0;
+    ir_dtype ti = g->nodes[in0].type.dtype, to = nd->type.dtype;
     x->view[id] = nd->op == OP_SLICE_COLS ? VIEW_WINDOW
-                  : nd->op == OP_MXFP8_DEQUANTIZE && !x->fp8.skip[id] && DT(x, id) == DT(x, in0) ? VIEW_ALIAS
-                  : nd->op == OP_CAST && g->nodes[in0].op != OP_PARAM && DT(x, in0) == CG_DT_F32 && DT(x, id) == CG_DT_BF16
-                      ? VIEW_CAST
-                  : nd->op == OP_UNSTACK && DT(x, id) == DT(x, in0) && COLS(id) == COLS(in0) ? VIEW_SLAB
-                                                                                              : 0;
+                  : nd->op == OP_MXFP8_DEQUANTIZE && !x->fp8.skip[id] && ti == DT_E4M3 && to == DT_BF16 ? VIEW_ALIAS
+                  : nd->op == OP_CAST && g->nodes[in0].op != OP_PARAM && ti == DT_F32 && to == DT_BF16 ? VIEW_CAST
+                  : nd->op == OP_UNSTACK && ti == to && COLS(id) == COLS(in0) ? VIEW_SLAB
+                                                                              : 0;
   }
   for (int i = 0; i < g->n_outputs; i++) x->view[g->outputs[i]] = 0;
   for (int id = 0; id < g->n_nodes; id++)
@@ -1406,13 +1406,14 @@ static void plan_views(gx *x) {
       if ((x->view[v] == VIEW_WINDOW && !reads_window(x, id)) || (x->view[v] == VIEW_CAST && !reads_cast(x, id)))
         x->view[v] = 0;
     }
+  /* every link of a chain lives to the reader: a link with a pointer (a slab, an alias) is read
+     through the link above it, and the root holds the memory */
   for (int id = 0; id < g->n_nodes; id++)
-    for (int j = 0; j < g->nodes[id].n_in; j++) {
-      int v = g->nodes[id].in[j];
-      if (!x->view[v]) continue;
-      int root = view_root(x, v);
-      if (x->last_use[root] < id) x->last_use[root] = id;
-    }
+    for (int j = 0; j < g->nodes[id].n_in; j++)
+      for (int v = g->nodes[id].in[j]; x->view[v]; v = g->nodes[v].in[0]) {
+        int src = g->nodes[v].in[0];
+        if (x->last_use[src] < id) x->last_use[src] = id;
+      }
 }
 
 gpu_exec *gpu_exec_new(gpu_runtime *rt, const ir_graph *g, char *err, size_t errlen) {
