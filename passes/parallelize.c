@@ -13,7 +13,7 @@
  *
  * Expert parallelism (ep > 1; this graph is EP rank cfg.ep_rank's): the rank owns experts
  * [lo, hi) = ep_rank * E/ep + [0, E/ep). Over the fused experts (group-linear + grouped-mlp):
- *   params of other ranks' experts      -> dropped (never instantiated here)
+ *   params of other ranks' experts      -> dropped (never instantiated here), and their casts
  *   stack(w_0 .. w_{E-1})               -> stack(w_lo .. w_{hi-1})
  *   grouped_mlp(xs, wgu, wd, counts, p) -> grouped_mlp(ep_all_to_all(xs, counts), wgu', wd',
  *                                            ep_local_counts(counts), ep_all_to_all(p, counts))
@@ -53,6 +53,8 @@ static int ep_rewrite(rw_ctx *r, int id, int64_t ep, int64_t rank) {
     int64_t e = ir_get_int(n, "expert", -1);
     return e >= 0 && (e < lo || e >= lo + El); /* another rank's expert: not copied */
   }
+  if (n->op == OP_CAST && g->nodes[n->in[0]].op == OP_PARAM && r->map[n->in[0]] < 0)
+    return 1; /* the compute copy (bf16) of another rank's expert: dropped with it */
   if (n->op == OP_STACK) {
     int64_t P = n->n_in / E;
     int *in = malloc((size_t)(P * El) * sizeof *in);

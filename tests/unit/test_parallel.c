@@ -57,6 +57,24 @@ int main(void) {
   CHECK(run("--steps 6 --set ep=2 --set dp=2 --resume", "re2") == 0, "resume at ep=2 dp=2 failed");
   same_as_one_rank("re1", 6);
   same_as_one_rank("re2", 6);
+  /* bf16 and mxfp8: each expert's compute copy (a cast of its param) goes with the param to the
+     rank that owns it; the losses follow one rank's within the rounding of the sums' order */
+  for (int p = 0; p < 2; p++) {
+    const char *prec = p ? "mxfp8" : "bf16";
+    char args[128], one[16], two[16];
+    snprintf(one, sizeof one, "%s1", prec);
+    snprintf(two, sizeof two, "%s2", prec);
+    snprintf(args, sizeof args, "--steps 4 --set precision=%s", prec);
+    CHECK(run(args, one) == 0, "%s, one rank failed", prec);
+    snprintf(args, sizeof args, "--steps 4 --set precision=%s --set ep=2", prec);
+    CHECK(run(args, two) == 0, "%s, ep=2 failed", prec);
+    double a[64], b[64];
+    int na = read_log(one, a, 64), nb = read_log(two, b, 64);
+    double worst = 0;
+    for (int i = 0; i < na && i < nb; i++) worst = fmax(worst, rel(b[i], a[i]));
+    printf("%s ep=2 vs one rank: losses/grad norms %.2e (max relative)\n", prec, worst);
+    CHECK(na == 12 && nb == na && worst <= 1e-3, "%s ep=2: %d/%d logged values, %.2e from one rank", prec, na, nb, worst);
+  }
   /* batch must split evenly; ep > 1 over the naive experts is refused with a message */
   CHECK(run("--steps 1 --set dp=3", "bad") != 0, "dp=3 with batch 4 ran");
   snprintf(cmd, sizeof cmd, "grep -q 'not a multiple of ep x dp' %s/bad.err", tmp);
