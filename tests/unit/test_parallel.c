@@ -61,12 +61,14 @@ int main(void) {
      rank that owns it; the losses follow one rank's within the rounding of the sums' order */
   for (int p = 0; p < 2; p++) {
     const char *prec = p ? "mxfp8" : "bf16";
-    char args[128], one[16], two[16];
+    /* mxfp8 blocks of 32: every width it quantizes (hidden, ffn, the k/v width) a multiple */
+    const char *sizes = p ? "--set hidden=64 --set ffn=64" : "";
+    char args[192], one[16], two[16];
     snprintf(one, sizeof one, "%s1", prec);
     snprintf(two, sizeof two, "%s2", prec);
-    snprintf(args, sizeof args, "--steps 4 --set precision=%s", prec);
+    snprintf(args, sizeof args, "--steps 4 --set precision=%s %s", prec, sizes);
     CHECK(run(args, one) == 0, "%s, one rank failed", prec);
-    snprintf(args, sizeof args, "--steps 4 --set precision=%s --set ep=2", prec);
+    snprintf(args, sizeof args, "--steps 4 --set precision=%s %s --set ep=2", prec, sizes);
     CHECK(run(args, two) == 0, "%s, ep=2 failed", prec);
     double a[64], b[64];
     int na = read_log(one, a, 64), nb = read_log(two, b, 64);
