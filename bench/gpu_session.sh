@@ -4,6 +4,9 @@
 #   kernels  test_gpu_kernels against the CPU, test_gpu_nccl (one-rank world)    [210 s]
 #   step     test_gpu_step: tiny and l0_sanity, 20 steps against the CPU        [300 s]
 #   steptiny test_gpu_step on tiny only (MOEC_GPU_STEP_ONLY=tiny)                [120 s]
+#   long     genos_1b at seq 131,072, batch 1 (issue 6): moec mxfp8(block=128) fused and bf16,
+#            4 steps each, then the peer at the same length (it is expected to run out of memory)
+#            [300 s]
 #   determinism  l0_sanity 300 steps on chr20, twice with MOEC_DETERMINISTIC=1 and twice
 #            without, side by side: are the logs (loss, grad norm, val) identical? [120 s]
 #   parallel test_gpu_parallel: dp=2, ep=2, ep=2 x dp=2 vs one rank (host-staged; NCCL with 2+ GPUs) [300 s]
@@ -101,6 +104,16 @@ for part in "${parts[@]}"; do
          END {n = v[ARGV[1]]; f = v[ARGV[2]]; m = v[ARGV[3]]
               if (n > 0 && f > 0 && m > 0) printf "final val_loss: bf16 naive %s, bf16 fused %s, mxfp8 %s; mxfp8 vs bf16 fused %+.2f%%, vs naive %+.2f%%\n", n, f, m, 100 * (m / f - 1), 100 * (m / n - 1)}' \
       "$L/chr20_bf16_naive.out" "$L/chr20_bf16_fused.out" "$L/chr20_mxfp8_fused.out" ;;
+  long)
+    for run in 'mxfp8(block=128)':$FUSED_MX bf16:; do
+      p=${run%%:*} args=${run#*:} tag=${p%%(*}
+      timeout 120 "$C/moec" train models/genos_1b.moe --device cuda --set seq=131072 --set batch=1 --set "precision=$p" \
+        --steps 4 --set val_every=0 --val-batches 1 --data data/chr20_slice.fa.gz --log "$L/long_$tag.jsonl" $args \
+        >"$L/long_$tag.out" 2>&1
+      echo "$p: rc $? $(tr '\r' '\n' <"$L/long_$tag.out" | grep -E 'tok/s|peak GPU|held between|error' | tail -4 | tr '\n' ' ')"
+    done
+    timeout 120 python3 "$C/hf_mixtral_bench.py" --preset genos_1b --seq 131072 >"$L/long_peer.out" 2>&1
+    echo "peer: rc $? $(grep -io 'out of memory[^.]*\|"tokens_per_s": *[0-9.]*' "$L/long_peer.out" | tail -1)" ;;
   determinism)
     D=$C/chr20.fa.gz
     [ -f "$D" ] || D=data/chr20_slice.fa.gz
@@ -119,7 +132,7 @@ for part in "${parts[@]}"; do
       if [ -s "$a" ] && cmp -s <(strip "$a") <(strip "$b"); then echo "$pair: identical logs ($(wc -l <"$a") lines)"
       else echo "$pair: logs differ: $(diff <(strip "$a") <(strip "$b") | head -2 | tr '\n' ' ')"; fi
     done ;;
-  *) echo "unknown part '$part' (kernels step steptiny parallel genos profile fused fp8 fp8prof og2 og2fp8 ggemm chr20 determinism)" ;;
+  *) echo "unknown part '$part' (kernels step steptiny parallel genos profile fused fp8 fp8prof og2 og2fp8 ggemm chr20 determinism long)" ;;
   esac
 done
 echo "== done ($(date -u +%H:%M:%S))"
