@@ -18,6 +18,7 @@
 #include "gpu_fp8.h"
 #include "gpu_kernels.h"
 #include "gpu_profile.h"
+#include "gpu_views.h"
 
 /* ---------------------------------------------------------------- the runtime */
 typedef struct {
@@ -224,8 +225,7 @@ struct gpu_exec {
   int grouped_device;     /* MOEC_GROUPED_GEMM=device: the device-driven grouped GEMMs, no host sync */
   int32_t **hcounts;      /* (n_nodes) host copies of expert-count values, downloaded once per step */
   gpu_fp8_plan fp8;       /* which expert GEMMs run in FP8 (MOEC_FP8_GEMM=0: none) */
-  uint8_t *view;          /* (n_nodes) a value read through its input, which lives until the value's
-                             last reader (plan_views): VIEW_WINDOW, VIEW_ALIAS */
+  uint8_t *view;          /* (n_nodes) gpu_view: a value read through its input (gpu_views.h) */
   gpu_comm *comm;         /* data/expert parallelism: this rank's collectives (gpu_exec_set_comm) */
   int32_t **ep_all;       /* (n_nodes) the EP group's counts (P x E, host) of a counts value, once per step */
   int64_t step;
@@ -233,20 +233,6 @@ struct gpu_exec {
   size_t errlen;
 };
 typedef struct gpu_exec gx;
-enum {
-  VIEW_WINDOW = 1, /* a slice_cols that writes nothing: its readers take their window of its input */
-  VIEW_ALIAS = 2,  /* an mxfp8_dequantize to its input's storage type: its input's buffer as is */
-  VIEW_CAST = 3,   /* a cast f32 -> bf16 that writes nothing: its readers (packing quantizes) read its
-                      input, or that slice's window, and round to bf16 themselves */
-  VIEW_SLAB = 4,   /* an unstack of whole rows (one expert's contiguous slab): a pointer into its input */
-};
-
-/* The value a chain of views reads in the end (v itself when v is no view). */
-static int view_root(const gx *x, int v) {
-  while (x->view[v]) v = x->g->nodes[v].in[0];
-  return v;
-}
-
 #define N(id) (&x->g->nodes[id])
 #define V(id, k) (&x->val[N(id)->in[k]])
 #define COLS(id) (N(id)->type.rank >= 2 ? N(id)->type.dims[N(id)->type.rank - 1] : 1)
@@ -420,7 +406,7 @@ static int exec_CAST(gx *x, int id) {
   const dev_value *a = V(id, 0);
   if (N(N(id)->in[0])->op == OP_PARAM && DT(x, N(id)->in[0]) == CG_DT_F32 && DT(x, id) == CG_DT_BF16)
     return cast_param(x, id);
-  if (x->view[id] == VIEW_CAST && !x->keep_all) { /* its quantizes read a and round (plan_views) */
+  if (x->view[id] == VIEW_CAST && !x->keep_all) { /* its quantizes read a and round (gpu_views.h) */
     x->val[id] = (dev_value){.rows = a->rows, .numel = a->numel};
     return 0;
   }
@@ -1335,7 +1321,7 @@ static int exec_MXFP8_QUANTIZE(gx *x, int id) {
 }
 
 static int exec_MXFP8_DEQUANTIZE(gx *x, int id) {
-  if (x->view[id] == VIEW_ALIAS && !x->keep_all) { /* its input's buffer (plan_views); not owned */
+  if (x->view[id] == VIEW_ALIAS && !x->keep_all) { /* its input's buffer (gpu_views.h); not owned */
     x->val[id] = (dev_value){.p = V(id, 0)->p, .rows = V(id, 0)->rows, .numel = V(id, 0)->numel};
     return 0;
   }
@@ -1358,63 +1344,6 @@ static void hcounts_release(gx *x) {
 }
 
 void gpu_exec_set_comm(gpu_exec *x, gpu_comm *c) { x->comm = c; }
-
-/* A reader that can take a slice_cols' window in place: a cast (copy_cols converts the window)
- * or an mxfp8_quantize along the rows that only writes values (qdq_cols). */
-static int reads_window(const gx *x, int id) {
-  const ir_node *n = N(id);
-  if (n->op == OP_CAST) return 1;
-  return n->op == OP_MXFP8_QUANTIZE && n->n_in == 1 && x->fp8.kind[id] == FP8_NONE && n->type.rank == 2 &&
-         ir_get_int(n, "axis", 0) == 1;
-}
-
-/* A reader that can take a cast view's input in place: a quantize that only packs (rows along
- * the last axis, or expert columns) and rounds to bf16 as it reads. */
-static int reads_cast(const gx *x, int id) {
-  const ir_node *n = N(id);
-  int k = x->fp8.kind[id];
-  return n->op == OP_MXFP8_QUANTIZE && !x->fp8.values[id] && ((k == FP8_ROWS && n->n_in == 1) || k == FP8_COLS);
-}
-
-/* Values read through their input, which then lives until their last reader:
- * - slice_cols read only in place (grouped_mlp_bwd's f32 pieces, cast to bf16 for the GEMMs;
- *   grouped_mlp's saved gate_up, quantized): the readers take their window of the slice's
- *   input in one pass, and the slice writes nothing;
- * - an mxfp8_dequantize that an FP8 site does not skip, to bf16: the e4m3 values are stored in
- *   bf16 already (cdt), so it is its input's buffer, not a copy;
- * - a cast f32 -> bf16 (of grouped_mlp_bwd's pieces) read only by FP8-packing quantizes, which
- *   read its input and round as they go: the bf16 copy is never written;
- * - an unstack of an expert's whole rows in the stacked dtype (the down projection's weight
- *   gradient): its slab of the stacked tensor, not a copy.
- * Views chain (a cast view of a slice window); the root of the chain is what is kept. */
-static void plan_views(gx *x) {
-  const ir_graph *g = x->g;
-  for (int id = 0; id < g->n_nodes; id++) {
-    const ir_node *nd = &g->nodes[id];
-    int in0 = nd->n_in ? nd->in[0] : 0;
-    ir_dtype ti = g->nodes[in0].type.dtype, to = nd->type.dtype;
-    x->view[id] = nd->op == OP_SLICE_COLS ? VIEW_WINDOW
-                  : nd->op == OP_MXFP8_DEQUANTIZE && !x->fp8.skip[id] && ti == DT_E4M3 && to == DT_BF16 ? VIEW_ALIAS
-                  : nd->op == OP_CAST && g->nodes[in0].op != OP_PARAM && ti == DT_F32 && to == DT_BF16 ? VIEW_CAST
-                  : nd->op == OP_UNSTACK && ti == to && COLS(id) == COLS(in0) ? VIEW_SLAB
-                                                                              : 0;
-  }
-  for (int i = 0; i < g->n_outputs; i++) x->view[g->outputs[i]] = 0;
-  for (int id = 0; id < g->n_nodes; id++)
-    for (int j = 0; j < g->nodes[id].n_in; j++) {
-      int v = g->nodes[id].in[j];
-      if ((x->view[v] == VIEW_WINDOW && !reads_window(x, id)) || (x->view[v] == VIEW_CAST && !reads_cast(x, id)))
-        x->view[v] = 0;
-    }
-  /* every link of a chain lives to the reader: a link with a pointer (a slab, an alias) is read
-     through the link above it, and the root holds the memory */
-  for (int id = 0; id < g->n_nodes; id++)
-    for (int j = 0; j < g->nodes[id].n_in; j++)
-      for (int v = g->nodes[id].in[j]; x->view[v]; v = g->nodes[v].in[0]) {
-        int src = g->nodes[v].in[0];
-        if (x->last_use[src] < id) x->last_use[src] = id;
-      }
-}
 
 gpu_exec *gpu_exec_new(gpu_runtime *rt, const ir_graph *g, char *err, size_t errlen) {
   gx *x = calloc(1, sizeof *x);
@@ -1472,7 +1401,7 @@ gpu_exec *gpu_exec_new(gpu_runtime *rt, const ir_graph *g, char *err, size_t err
     gpu_exec_free(x);
     return NULL;
   }
-  plan_views(x);
+  gpu_views_plan(g, &x->fp8, x->last_use, x->view);
   if (gpu_alloc(rt->g, &x->tokens, (size_t)x->T * 4, "the batch") || gpu_alloc(rt->g, &x->labels, (size_t)x->T * 4, "the batch")) {
     snprintf(err, errlen, "%s", gpu_error(rt->g));
     gpu_exec_free(x);
@@ -1553,8 +1482,8 @@ int gpu_exec_run(gpu_exec *x, const int32_t *tokens, const int32_t *labels, int6
            the input of a viewed slice until its last cast */
         if (g->nodes[v].op == OP_MXFP8_DEQUANTIZE && !x->view[v] && x->last_use[g->nodes[v].in[0]] == id)
           release(x, &x->val[g->nodes[v].in[0]]);
-        else if (x->view[v] && x->last_use[view_root(x, v)] == id)
-          release(x, &x->val[view_root(x, v)]);
+        else if (x->view[v] && x->last_use[gpu_view_root(g, x->view, v)] == id)
+          release(x, &x->val[gpu_view_root(g, x->view, v)]);
       }
   }
   if (rc == 0) {

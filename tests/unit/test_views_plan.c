@@ -1,0 +1,92 @@
+/* test_views_plan.c -- which values the GPU executor reads through their input instead of
+ * writing them (gpu_views_plan, runtime/gpu_views.c), decided on the IR alone (no GPU):
+ * - mxfp8(block = 128), tiny's fused step: grouped_mlp_bwd's f32 pieces are slice windows, cast
+ *   views read by FP8-packing quantizes; the saved gate_up's slice is a window read by its
+ *   values-only quantize; a dequantize the FP8 GEMMs do not skip is an alias; the down
+ *   projection's weight gradients are slabs of the stacked gradient;
+ * - every view's chain lives until the view's readers, no view is a graph output, and every
+ *   reader of a window or cast view is one that can read in place;
+ * - without FP8 (bf16) no cast view, the other kinds still. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "frontend.h"
+#include "pipeline.h"
+#include "runtime/gpu_views.h"
+
+#include "check.h"
+
+static ir_graph *step(const char *precision) {
+  const moec_set sets[] = {{"hidden", "128"}, {"ffn", "256"}, {"seq", "16"}, {"batch", "2"}, {"precision", precision}};
+  ir_graph *g = moec_frontend_load("models/tiny.moe", sets, 5, stderr);
+  pipeline_opts o = {.train = 1};
+  if (!g || pipeline_run(&g, &o, stderr) != 0) {
+    printf("cannot build the %s step of models/tiny.moe\n", precision);
+    exit(1);
+  }
+  return g;
+}
+
+static int *uses(const ir_graph *g) {
+  int *last = malloc(((size_t)g->n_nodes + 1) * sizeof *last);
+  for (int id = 0; id < g->n_nodes; id++) {
+    last[id] = id;
+    for (int j = 0; j < g->nodes[id].n_in; j++) last[g->nodes[id].in[j]] = id;
+  }
+  for (int i = 0; i < g->n_outputs; i++) last[g->outputs[i]] = g->n_nodes;
+  return last;
+}
+
+/* Counts of each view kind in g's plan (fp8 on or off), after checking its invariants. */
+static void check_plan(const char *precision, int fp8_on, int counts[5]) {
+  ir_graph *g = step(precision);
+  int *last = uses(g);
+  gpu_fp8_plan p;
+  CHECK(gpu_fp8_plan_new(g, fp8_on, last, &p) == 0, "fp8 plan");
+  uint8_t *view = calloc((size_t)g->n_nodes + 1, 1);
+  gpu_views_plan(g, &p, last, view);
+  memset(counts, 0, 5 * sizeof *counts);
+  for (int id = 0; id < g->n_nodes; id++) counts[view[id]]++;
+  for (int i = 0; i < g->n_outputs; i++) CHECK(!view[g->outputs[i]], "output %%%d is a view", g->outputs[i]);
+  for (int id = 0; id < g->n_nodes; id++) {
+    const ir_node *n = &g->nodes[id];
+    for (int j = 0; j < n->n_in; j++) {
+      int v = n->in[j];
+      if (view[v] == VIEW_CAST)
+        CHECK(n->op == OP_MXFP8_QUANTIZE && p.kind[id] != FP8_NONE && !p.values[id],
+              "%%%d (%s) reads the cast view %%%d but packs nothing", id, ir_ops[n->op].name, v);
+      if (view[v] == VIEW_WINDOW)
+        CHECK(n->op == OP_CAST || (n->op == OP_MXFP8_QUANTIZE && p.kind[id] == FP8_NONE),
+              "%%%d (%s) reads the window %%%d", id, ir_ops[n->op].name, v);
+      for (int u = v; view[u]; u = g->nodes[u].in[0])
+        CHECK(last[g->nodes[u].in[0]] >= id, "%%%d reads view %%%d, whose link %%%d is freed after %%%d", id, v,
+              g->nodes[u].in[0], last[g->nodes[u].in[0]]);
+    }
+    if (view[id] == VIEW_ALIAS) CHECK(!p.skip[id], "%%%d: a skipped dequantize made an alias", id);
+  }
+  printf("%-18s fp8 %s: %d windows, %d aliases, %d cast views, %d slabs\n", precision, fp8_on ? "on " : "off",
+         counts[VIEW_WINDOW], counts[VIEW_ALIAS], counts[VIEW_CAST], counts[VIEW_SLAB]);
+  free(view);
+  free(last);
+  gpu_fp8_plan_free(&p);
+  ir_graph_free(g);
+}
+
+int main(void) {
+  int c[5];
+  check_plan("mxfp8(block=128)", 1, c);
+  CHECK(c[VIEW_WINDOW] > 0 && c[VIEW_ALIAS] > 0 && c[VIEW_CAST] > 0 && c[VIEW_SLAB] > 0,
+        "mxfp8(block=128) with FP8: every kind of view expected");
+  check_plan("mxfp8(block=128)", 0, c);
+  CHECK(c[VIEW_CAST] == 0 && c[VIEW_ALIAS] > 0, "without FP8 GEMMs: no cast view, dequantize aliases");
+  check_plan("bf16", 0, c);
+  CHECK(c[VIEW_CAST] == 0 && c[VIEW_ALIAS] == 0 && c[VIEW_WINDOW] > 0 && c[VIEW_SLAB] > 0,
+        "bf16: windows and slabs only");
+  if (failures) {
+    printf("test_views_plan: %d failures\n", failures);
+    return 1;
+  }
+  printf("test_views_plan: ok\n");
+  return 0;
+}
