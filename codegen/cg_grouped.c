@@ -232,13 +232,13 @@ static const char *const src =
     "  }\n"
     "}\n"
     "\n"
-    "// ck_grouped_mlp_bwd after its GEMM: out[r] = dg | du | act | dp from dact (f32), the saved\n"
-    "// gate_up and p. One block per row; dp summed in double.\n"
-    "template <class TG, class TO> __device__ void mlp_bwd_rows(const float *dact, const TG *gu, const float *p, TO *out, i64 S, i64 F) {\n"
+    "// ck_grouped_mlp_bwd after its GEMM: out[r] (W columns) = dg | du | act | dp | zeros from dact\n"
+    "// (f32), the saved gate_up and p. One block per row; dp summed in double.\n"
+    "template <class TG, class TO>\n"
+    "__device__ void mlp_bwd_rows(const float *dact, const TG *gu, const float *p, TO *out, i64 S, i64 F, i64 W) {\n"
     "  __shared__ double sh[32];\n"
     "  const i64 r = blockIdx.x;\n"
     "  if (r >= S) return;\n"
-    "  const i64 W = 3 * F + 1;\n"
     "  const float pr = p[r];\n"
     "  double dp = 0.0;\n"
     "  for (i64 c = threadIdx.x; c < F; c += blockDim.x) {\n"
@@ -253,6 +253,7 @@ static const char *const src =
     "  }\n"
     "  dp = block_sum(dp, sh);\n"
     "  if (threadIdx.x == 0) st(out + r * W + 3 * F, (float)dp);\n"
+    "  for (i64 c = 3 * F + 1 + threadIdx.x; c < W; c += blockDim.x) st(out + r * W + c, 0.0f);\n"
     "}\n";
 
 static const char *const names[] = {"f32", "bf16"};
@@ -289,7 +290,7 @@ void cg_emit_grouped(cg_buf *b, const cg_variant *v, int emu) {
                "const ${X} *x, ${W} *y, i64 rows, i64 w, i64 ldx, i64 sx, i64 ldy, i64 sy", "copy_cols<${X}, ${W}>", kv,
                emu);
       cg_entry(b, CG_NT_ROW, "moec_mlp_bwd_rows_${x}_${w}",
-               "const float *dact, const ${X} *gu, const float *p, ${W} *out, i64 S, i64 F", "mlp_bwd_rows<${X}, ${W}>",
+               "const float *dact, const ${X} *gu, const float *p, ${W} *out, i64 S, i64 F, i64 W", "mlp_bwd_rows<${X}, ${W}>",
                kv, emu);
       for (int c = 0; c < CG_DT_COUNT; c++) {
         const char *k3[] = {"X", ctypes[x], "x", names[x], "W", ctypes[w], "w", names[w], "C", ctypes[c], "c", names[c], NULL};

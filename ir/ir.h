@@ -135,4 +135,9 @@ void ir_print_dot(const ir_graph *g, FILE *out);
 /* Number of elements, using symbol bounds for run-time sizes. */
 int64_t ir_type_numel_bound(const ir_graph *g, const ir_type *t);
 
+/* Columns of grouped_mlp_bwd's f32 result: d gate_up (2F) | act (F) | d p (1), padded with
+ * zeros to a multiple of 8, so that every row of it starts 32-byte aligned (the GPU reads its
+ * column windows in place, 16 bytes at a time). */
+static inline int64_t ir_mlp_bwd_width(int64_t F) { return (3 * F + 1 + 7) / 8 * 8; }
+
 #endif

@@ -566,7 +566,7 @@ static int shape_GROUPED_MLP_BWD(shape_ctx *c) {
   if (gu->dims[0] != dy->dims[0] || gu->dims[1] != 2 * F) return fail(c, "gate_up must be [rows of dy, %lld]", (long long)(2 * F));
   if (wd->dims[1] != F || wd->dims[2] != dy->dims[1]) return fail(c, "down weight must be [E, %lld, %lld]", (long long)F, (long long)dy->dims[1]);
   if (want_counts(c, 3, wd->dims[0]) || want_probs(c, 4, dy->dims[0])) return -1;
-  *c->out = make(DT_F32, 2, dy->dims[0], 3 * F + 1);
+  *c->out = make(DT_F32, 2, dy->dims[0], ir_mlp_bwd_width(F));
   return 0;
 }
 

@@ -220,11 +220,11 @@ int ck_grouped_mlp_fwd(const float *xs, const float *w_gu, const float *w_down, 
 }
 
 int ck_grouped_mlp_bwd(const float *dy, const float *gate_up, const float *w_down, const int32_t *counts,
-                       const float *probs, float *out, int64_t S, int64_t E, int64_t H, int64_t F) {
+                       const float *probs, float *out, int64_t S, int64_t E, int64_t H, int64_t F, int64_t W) {
+  if (W < 3 * F + 1) return CK_ESHAPE;
   int rc;
   int64_t *off = offsets(counts, E, S, &rc);
   if (!off) return rc;
-  const int64_t W = 3 * F + 1;
   float *dact = malloc((size_t)(S * F + 1) * sizeof(float)); /* (S, F) */
   float *s = malloc((size_t)(F + 1) * sizeof(float));        /* (F) silu(g) of one row */
   float *da = malloc((size_t)(F + 1) * sizeof(float));       /* (F) */
@@ -249,6 +249,7 @@ int ck_grouped_mlp_bwd(const float *dy, const float *gate_up, const float *w_dow
     }
     ck_silu_bwd(g, da, o, F); /* dg */
     o[3 * F] = (float)dp;
+    for (int64_t c = 3 * F + 1; c < W; c++) o[c] = 0.0f; /* the padding */
   }
   free(dact);
   free(s);

@@ -98,8 +98,8 @@ int ck_grouped_mlp_bwd(const float *dy,       /* (S, H) */
                        const float *w_down,   /* (E, F, H) */
                        const int32_t *counts, /* (E) */
                        const float *probs,    /* (S) */
-                       float *out,            /* (S, 3F + 1) */
-                       int64_t S, int64_t E, int64_t H, int64_t F);
+                       float *out,            /* (S, W): dg | du | act | dp | zeros, W >= 3F + 1 */
+                       int64_t S, int64_t E, int64_t H, int64_t F, int64_t W);
 
 /* MXFP8 quantize then dequantize (exactly the values an MX tensor holds), with blocks of
  * `block` consecutive elements along dimension `axis` of a tensor of the given dims (rank

@@ -648,7 +648,7 @@ static int exec_GROUPED_MLP_BWD(ex *x, int id) {
   int64_t E = DIM(id, 2, 0), H = INCOLS(id, 0), F = ir_get_int(N(id), "ffn", 0);
   if (alloc_out(x, id, dy->rows, 0)) return -1;
   return check_ck(x, id, ck_grouped_mlp_bwd(dy->f, IN(id, 1)->f, IN(id, 2)->f, IN(id, 3)->i, IN(id, 4)->f, x->val[id].f,
-                                            dy->rows, E, H, F));
+                                            dy->rows, E, H, F, COLS(id)));
 }
 
 static int exec_EXPERT_WEIGHT_GRAD(ex *x, int id) {

@@ -1281,13 +1281,14 @@ static int exec_GROUPED_MLP_BWD(gx *x, int id) {
     int rc = x->fp8.site[id] ? fp8_site_gemm(x, id, 0, 2, E, cnt, V(id, 3)->p, F, H, CG_DT_F32, dact, F)
                              : ggemm_blas(x, id, cnt, E, tdy, dy->p, H, tw, V(id, 2)->p, 1, CG_DT_F32, dact, F, F, H);
     if (rc == 0)
-      rc = ck(x, id, rt_cuda_mlp_bwd_rows(KX, DT(x, N(id)->in[1]), DT(x, id), dact, V(id, 1)->p, V(id, 4)->p, x->val[id].p, S, F));
+      rc = ck(x, id, rt_cuda_mlp_bwd_rows(KX, DT(x, N(id)->in[1]), DT(x, id), dact, V(id, 1)->p, V(id, 4)->p, x->val[id].p, S, F,
+                                          COLS(id)));
     pool_put(x->rt, dact, dact_bytes);
     return rc;
   }
   return ck(x, id, rt_cuda_grouped_mlp_bwd(KX, DT(x, N(id)->in[0]), DT(x, N(id)->in[1]), DT(x, N(id)->in[2]), DT(x, id), dy->p,
                                            V(id, 1)->p, V(id, 2)->p, V(id, 3)->p, V(id, 4)->p, x->val[id].p, dy->rows, E, H,
-                                           F));
+                                           F, COLS(id)));
 }
 
 /* MXFP8 (the mxfp8 pass): an e4m3 value is kept, as on the CPU, as the exact values its

@@ -205,14 +205,15 @@ int rt_cuda_grouped_mlp_fwd(rt_cuda *k, cg_dtype tx, cg_dtype tw, cg_dtype to, g
                             gpu_ptr counts, gpu_ptr probs /* f32 (S) */, gpu_ptr out /* (S, H+2F) */, int64_t S,
                             int64_t E, int64_t H, int64_t F, int64_t mx_block);
 int rt_cuda_grouped_mlp_bwd(rt_cuda *k, cg_dtype tdy, cg_dtype tgu, cg_dtype tw, cg_dtype to, gpu_ptr dy, gpu_ptr gate_up,
-                            gpu_ptr w_down, gpu_ptr counts, gpu_ptr probs, gpu_ptr out /* (S, 3F+1) */, int64_t S,
-                            int64_t E, int64_t H, int64_t F);
+                            gpu_ptr w_down, gpu_ptr counts, gpu_ptr probs, gpu_ptr out /* (S, W), W >= 3F+1 */, int64_t S,
+                            int64_t E, int64_t H, int64_t F, int64_t W);
 /* The GroupedMLP's elementwise halves, for callers that run its GEMMs themselves:
  * act[r] (S, F) = p[r] * silu(g) * u with (g | u) = gu[r] (row stride ldg); and after
- * dact = dy . w_down^T (f32, (S, F)), out (S, 3F+1) = dg | du | act | dp. */
+ * dact = dy . w_down^T (f32, (S, F)), out (S, W) = dg | du | act | dp | zeros (W >= 3F + 1: the
+ * IR pads the row, ir_mlp_bwd_width). */
 int rt_cuda_mlp_act(rt_cuda *k, cg_dtype t, gpu_ptr gu, int64_t ldg, gpu_ptr probs, gpu_ptr act, int64_t S, int64_t F);
 int rt_cuda_mlp_bwd_rows(rt_cuda *k, cg_dtype tgu, cg_dtype to, gpu_ptr dact, gpu_ptr gate_up, gpu_ptr probs, gpu_ptr out,
-                         int64_t S, int64_t F);
+                         int64_t S, int64_t F, int64_t W);
 
 /* ---- MXFP8 ---- */
 int rt_cuda_mxfp8_quantize(rt_cuda *k, cg_dtype t, gpu_ptr x /* (rows, cols) */, int64_t rows, int64_t cols,

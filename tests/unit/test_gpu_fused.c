@@ -163,7 +163,7 @@ static void test_grouped_mlp(cg_dtype t) {
   printf("grouped_mlp fwd and bwd [%s]:\n", cg_dtype_name(t));
   int32_t *idx = rnd_idx(), counts[E];
   ck_expert_counts(idx, T, KK, E, counts);
-  const int64_t W = H + 2 * F, WB = 3 * F + 1;
+  const int64_t W = H + 2 * F, WB = 3 * F + 4; /* the backward's rows padded, as the IR pads them */
   float *xs = rnd(S * H, -1, 1, t), *wgu = rnd(E * H * 2 * F, -0.5f, 0.5f, t), *wd = rnd(E * F * H, -0.5f, 0.5f, t);
   float *p = rnd(S, 0.1f, 1, CG_DT_F32), *dy = rnd(S * H, -1, 1, t);
   float *want = falloc(S * W), *got = falloc(S * W), *gu = falloc(S * 2 * F);
@@ -178,8 +178,8 @@ static void test_grouped_mlp(cg_dtype t) {
   /* the backward from the CPU's gate_up (exactly representable in t) */
   for (int64_t r = 0; r < S; r++) memcpy(gu + r * 2 * F, want + r * W + H, (size_t)(2 * F) * 4);
   gpu_ptr dgate = up_f(gu, S * 2 * F, t), dob = dmalloc((size_t)S * WB * 4);
-  ck_grouped_mlp_bwd(dy, gu, wd, counts, p, want, S, E, H, F);
-  RUN(rt_cuda_grouped_mlp_bwd(K, t, t, t, t, ddy, dgate, dwd, dc, dp, dob, S, E, H, F));
+  ck_grouped_mlp_bwd(dy, gu, wd, counts, p, want, S, E, H, F, WB);
+  RUN(rt_cuda_grouped_mlp_bwd(K, t, t, t, t, ddy, dgate, dwd, dc, dp, dob, S, E, H, F, WB));
   get_f(got, dob, S * WB, t);
   cmp("grouped_mlp_bwd", got, want, S * WB, t, rt, rt * maxabs(want, S * WB));
   expect_flag("grouped_mlp", CK_OK);
