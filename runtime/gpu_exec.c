@@ -1055,14 +1055,19 @@ static int fp8_pack(gx *x, int id) {
   int64_t block = ir_get_int(n, "block", 32);
   size_t es = dsize(x->g->nodes[n->in[0]].type.dtype);
   int kind = x->fp8.kind[id];
-  /* the input: a itself, or through a cast view (rounded here) of a value or of a slice's window */
-  gpu_ptr src = a->p;
-  int64_t ldx = COLS(n->in[0]), sx = 0;
-  int rb = 0;
-  if (x->view[n->in[0]] == VIEW_CAST && !a->p) {
-    int c = n->in[0], s = N(c)->in[0], r = x->view[s] == VIEW_WINDOW ? N(s)->in[0] : s;
-    src = x->val[r].p, t = DT(x, r), ldx = COLS(r), rb = 1;
-    sx = x->view[s] == VIEW_WINDOW ? ir_get_int(N(s), "start", 0) : 0;
+  /* the input: a itself, or through a cast view (rounded here) and/or a slice's window */
+  int r = n->in[0], rb = 0;
+  int64_t sx = 0;
+  if (x->view[r] == VIEW_CAST && !x->val[r].p) rb = 1, r = N(r)->in[0];
+  if (x->view[r] == VIEW_WINDOW && !x->val[r].p) sx = ir_get_int(N(r), "start", 0), r = N(r)->in[0];
+  gpu_ptr src = x->val[r].p;
+  int64_t ldx = COLS(r);
+  t = DT(x, r);
+  if (kind == FP8_STORE) { /* (S, K) E4M3 + E8M0 codes, expanded by its dequantizes */
+    int64_t S = a->rows, K = COLS(id);
+    if (packed_bufs(x, id, (size_t)(S * K), (size_t)(S * K / block))) return -1;
+    return ck(x, id, rt_cuda_mxfp8_quantize_win(KX, t, src, ldx, sx, rb, S, K, block, (int)ir_get_int(n, "share128", 0),
+                                                v->q8, v->s8));
   }
   if (kind == FP8_ROWS) { /* (S, K): E4M3 as is, E8M0 codes; the reader lays the scales out per expert */
     int64_t S = a->rows, K = COLS(id);
@@ -1322,6 +1327,12 @@ static int exec_MXFP8_QUANTIZE(gx *x, int id) {
 }
 
 static int exec_MXFP8_DEQUANTIZE(gx *x, int id) {
+  int q = N(id)->in[0];
+  if (x->fp8.kind[q] == FP8_STORE) { /* expands the packed values: those the quantize would have kept */
+    if (alloc_out(x, id, x->val[q].rows, 0)) return -1;
+    return ck(x, id, rt_cuda_mxfp8_dequantize(KX, DT(x, id), x->val[q].q8, x->val[q].s8, x->val[q].rows, COLS(id),
+                                              ir_get_int(N(q), "block", 32), x->val[id].p));
+  }
   if (x->view[id] == VIEW_ALIAS && !x->keep_all) { /* its input's buffer (gpu_views.h); not owned */
     x->val[id] = (dev_value){.p = V(id, 0)->p, .rows = V(id, 0)->rows, .numel = V(id, 0)->numel};
     return 0;

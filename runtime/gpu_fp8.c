@@ -122,10 +122,28 @@ int gpu_fp8_plan_new(const ir_graph *g, int enabled, int *last_use, gpu_fp8_plan
   }
   for (int i = 0; i < g->n_outputs; i++)
     if (g->nodes[g->outputs[i]].op == OP_MXFP8_QUANTIZE) p->values[g->outputs[i]] = 1;
+  /* values kept between a quantize and its dequantizes only (the saved gate_up, forward to
+     backward): stored packed, each dequantize expanding it when it runs */
+  uint8_t *only_deq = calloc(n, 1);
+  if (!only_deq) return -1;
+  for (int id = 0; id < g->n_nodes; id++) only_deq[id] = g->nodes[id].op == OP_MXFP8_QUANTIZE;
+  for (int id = 0; id < g->n_nodes; id++)
+    for (int k = 0; k < g->nodes[id].n_in; k++)
+      if (g->nodes[id].op != OP_MXFP8_DEQUANTIZE || p->skip[id]) only_deq[g->nodes[id].in[k]] = 0;
+  for (int i = 0; i < g->n_outputs; i++) only_deq[g->outputs[i]] = 0;
+  for (int id = 0; enabled && id < g->n_nodes; id++) {
+    const ir_node *q = &g->nodes[id];
+    int64_t group = ir_get_int(q, "share128", 0) ? 128 : ir_get_int(q, "block", 32);
+    if (only_deq[id] && p->kind[id] == FP8_NONE && q->n_in == 1 && q->type.rank == 2 && ir_get_int(q, "axis", 0) == 1 &&
+        q->type.dims[1] % group == 0)
+      p->kind[id] = FP8_STORE, p->values[id] = 0;
+  }
+  free(only_deq);
   /* a packed quantize lives as long as the readers of its dequantizes (the sites read its
      packed form, whether or not the dequantize also writes values for another reader) */
   for (int id = 0; id < g->n_nodes; id++)
-    if (g->nodes[id].op == OP_MXFP8_DEQUANTIZE && p->kind[g->nodes[id].in[0]] != FP8_NONE) {
+    if (g->nodes[id].op == OP_MXFP8_DEQUANTIZE && p->kind[g->nodes[id].in[0]] != FP8_NONE &&
+        p->kind[g->nodes[id].in[0]] != FP8_STORE) {
       int q = g->nodes[id].in[0];
       if (last_use[id] > last_use[q]) last_use[q] = last_use[id];
     }

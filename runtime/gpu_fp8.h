@@ -22,6 +22,8 @@ typedef enum {
   FP8_W_IN,  /* (E, K, N) along K: E4M3 (E, N, K) transposed + f32 scales, segments of N rows */
   FP8_W_OUT, /* (E, N, K) along K: E4M3 as is + f32 scales, segments of N rows */
   FP8_COLS,  /* (S, C) down the rows of each expert: rt_cuda_mxfp8_quantize_cols_experts */
+  FP8_STORE, /* (S, K) along K, read only by dequantizes that write values (the saved gate_up):
+                kept as E4M3 + E8M0 codes (about half its bf16 values) until they expand it */
 } fp8_kind;
 
 /* Which ops run their expert GEMMs in FP8, decided once per graph. A grouped GEMM op is a

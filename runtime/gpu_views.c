@@ -4,12 +4,13 @@
 static int64_t cols(const ir_node *n) { return n->type.rank >= 2 ? n->type.dims[n->type.rank - 1] : 1; }
 
 /* A reader that can take a slice_cols' window in place: a cast (copy_cols converts the window)
- * or a rank-2 mxfp8_quantize along the rows that only writes values (qdq_cols). */
+ * or a rank-2 mxfp8_quantize along the rows that only writes values (qdq_cols) or stores them
+ * packed (quantize_win). */
 static int reads_window(const ir_graph *g, const gpu_fp8_plan *fp8, int id) {
   const ir_node *n = &g->nodes[id];
   if (n->op == OP_CAST) return 1;
-  return n->op == OP_MXFP8_QUANTIZE && n->n_in == 1 && fp8->kind[id] == FP8_NONE && n->type.rank == 2 &&
-         ir_get_int(n, "axis", 0) == 1;
+  return n->op == OP_MXFP8_QUANTIZE && n->n_in == 1 && (fp8->kind[id] == FP8_NONE || fp8->kind[id] == FP8_STORE) &&
+         n->type.rank == 2 && ir_get_int(n, "axis", 0) == 1;
 }
 
 /* A reader that can take a cast view's input in place: a quantize that only packs (rows along
@@ -33,7 +34,9 @@ void gpu_views_plan(const ir_graph *g, const gpu_fp8_plan *fp8, int *last_use, u
     int in0 = nd->n_in ? nd->in[0] : 0;
     ir_dtype ti = g->nodes[in0].type.dtype, to = nd->type.dtype;
     view[id] = nd->op == OP_SLICE_COLS ? VIEW_WINDOW
-               : nd->op == OP_MXFP8_DEQUANTIZE && !fp8->skip[id] && ti == DT_E4M3 && to == DT_BF16 ? VIEW_ALIAS
+               : nd->op == OP_MXFP8_DEQUANTIZE && !fp8->skip[id] && fp8->kind[in0] == FP8_NONE && ti == DT_E4M3 &&
+                       to == DT_BF16
+                   ? VIEW_ALIAS
                : nd->op == OP_CAST && g->nodes[in0].op != OP_PARAM && ti == DT_F32 && to == DT_BF16 ? VIEW_CAST
                : nd->op == OP_UNSTACK && ti == to && cols(nd) == cols(&g->nodes[in0]) ? VIEW_SLAB
                                                                                      : VIEW_NONE;
