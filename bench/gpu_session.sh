@@ -1,31 +1,38 @@
 #!/usr/bin/env bash
 # One device call's worth of GPU checks and benchmarks, chosen by part (a device call has 600 s;
-# pick parts whose limits, in brackets, add up to less):
+# pick parts whose limits, in brackets, add up to less; starting the machine costs ~2 minutes of
+# the session's device time on top):
+# checks
 #   kernels  test_gpu_kernels against the CPU, test_gpu_nccl (one-rank world)    [210 s]
 #   step     test_gpu_step: tiny and l0_sanity, 20 steps against the CPU        [300 s]
 #   steptiny test_gpu_step on tiny only (MOEC_GPU_STEP_ONLY=tiny)                [120 s]
-#   long     genos_1b at seq 131,072, batch 1 (issue 6): moec mxfp8(block=128) fused and bf16,
-#            4 steps each, then the peer at the same length (it is expected to run out of memory)
-#            [300 s]
+#   parallel test_gpu_parallel: dp=2, ep=2, ep=2 x dp=2 vs one rank (host-staged; NCCL with 2+ GPUs) [300 s]
 #   determinism  l0_sanity 300 steps on chr20, twice with MOEC_DETERMINISTIC=1 and twice
 #            without, side by side: are the logs (loss, grad norm, val) identical? [120 s]
-#   parallel test_gpu_parallel: dp=2, ep=2, ep=2 x dp=2 vs one rank (host-staged; NCCL with 2+ GPUs) [300 s]
+# benchmarks (bench/run_bench.sh: moec and the peer in the same call)
 #   genos    genos_1b bf16 naive + peer                                         [200 s]
 #   profile  genos_1b bf16 naive with MOEC_PROFILE=1 (reuses genos's peer)      [120 s]
 #   fused    genos_1b bf16 and mxfp8 on the fused pipeline (reuses the peer)    [300 s]
 #   og2      og2_8x1b bf16 naive + peer                                         [240 s]
-#   og2fp8   og2_8x1b mxfp8(block=128) fused (FP8 expert GEMMs) + peer            [240 s]
+#   og2fp8   og2_8x1b mxfp8(block=128) fused (FP8 expert GEMMs) + peer          [240 s]
 #   fp8      genos_1b mxfp8(block=128) fused: FP8 expert GEMMs, then MOEC_FP8_GEMM=0 [300 s]
-#   fp8prof  genos_1b mxfp8(block=128) fused with MOEC_PROFILE=1 (reuses genos's peer) [150 s]
+#   fp8prof  genos_1b mxfp8(block=128) fused with MOEC_PROFILE=1 (runs the peer if genos did not) [150 s]
 #   ggemm    bench/grouped_gemm.sh: expert GEMMs bf16 / fp8 vs torch._grouped_mm [150 s]
+#   long     genos_1b at seq 131,072, batch 1 (issue 6): moec mxfp8(block=128) fused and bf16,
+#            4 steps each, then the peer at the same length (expected to run out of memory) [300 s]
+# training
 #   chr20    l0_sanity on human chr20, STEPS20 (2000) steps: bf16 (naive and fused pipelines)
-#            and mxfp8(block=128), side by side on the GPU; final validation losses [300 s]. The genome is
-#            $C/chr20.fa.gz if the carry has it (scripts/fetch_data.sh, 18 MB), else the slice
-# Everything is written to $OUT as it runs (session.log, and the logs of each part under
-# $OUT/logs), so a call cut short still brings back what it did.
-#   here:  scripts/gpu_bundle.sh build --with-moec && cp -r build/gpu-carry .dev/carry &&
-#          cp ../shared/peers/hf_mixtral_bench.py .dev/carry/        (carry .dev to the GPU)
-#   there: OUT=$OUT bash bench/gpu_session.sh .dev/carry step genos og2
+#            and mxfp8(block=128), side by side on the GPU; final validation losses [300 s]
+# The chr20 and determinism parts read $C/chr20.fa.gz if the carry has it (scripts/fetch_data.sh,
+# 18 MB), else the bundled slice. Everything is written to $OUT as it runs (session.log, and the
+# logs of each part under $OUT/logs), so a call cut short still brings back what it did; only
+# about 8 files come back, so session.log carries every table.
+#   here:  scripts/gpu_bundle.sh build --with-moec && rm -rf .dev/carry && mkdir .dev/carry &&
+#          cp -r build/gpu-carry/gpu-libs .dev/carry/ && for f in moec test_gpu_kernels test_gpu_step
+#          test_gpu_parallel test_gpu_nccl; do cp build/gpu-carry/$f .dev/carry/ && strip .dev/carry/$f;
+#          done && cp ../shared/peers/hf_mixtral_bench.py data/chr20.fa.gz .dev/carry/
+#          (carry .dev; with the working tree it must stay under 64 MiB: 61 + 4.5 MB here)
+#   there: OUT=$OUT bash bench/gpu_session.sh .dev/carry kernels steptiny parallel fp8prof og2fp8
 set -u
 C=$(cd "${1:-.dev/carry}" && pwd)
 shift
