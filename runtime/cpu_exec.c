@@ -218,7 +218,7 @@ static int exec_Z_LOSS(ex *x, int id) {
 static int exec_DISPATCH(ex *x, int id) {
   const rt_value *a = IN(id, 0), *idx = IN(id, 1);
   int32_t *rows, *slots;
-  int64_t n;
+  int64_t n = 0;
   if (route_rows(x, id, idx, idx->rows, INCOLS(id, 1), (int)ir_get_int(N(id), "expert", 0), &rows, &slots, &n))
     return -1;
   int rc = alloc_out(x, id, n, 0);
@@ -544,7 +544,7 @@ static int exec_Z_LOSS_BWD(ex *x, int id) {
 static int exec_DISPATCH_BWD(ex *x, int id) {
   const rt_value *dxe = IN(id, 0), *idx = IN(id, 1);
   int32_t *rows, *slots;
-  int64_t n;
+  int64_t n = 0;
   if (route_rows(x, id, idx, idx->rows, INCOLS(id, 1), (int)ir_get_int(N(id), "expert", 0), &rows, &slots, &n))
     return -1;
   int rc = n != dxe->rows ? fail(x, id, "expert gradient has %lld rows, routing gives %lld", (long long)dxe->rows, (long long)n)

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Runs every test: installs the build dependencies, builds, runs the suite with ctest, then
-# builds again with AddressSanitizer + UndefinedBehaviorSanitizer and runs the suite again.
+# Runs every test: installs the build dependencies, builds, runs the suite with ctest, builds
+# the main job's Release binary and trains two steps with it, then builds again with
+# AddressSanitizer + UndefinedBehaviorSanitizer and runs the suite again.
 # GPU tests skip (and say so) on a machine without a GPU.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -9,6 +10,11 @@ jobs=$(nproc)
 cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
 cmake --build build -j "$jobs"
 ctest --test-dir build --output-on-failure -j "$jobs"
+# the main job's build (scripts/train_tiny.sh: Release, where -O3 raises warnings that -O2 does
+# not, and -Werror makes them errors), then two of its training steps
+cmake -S . -B build-release -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake --build build-release -j "$jobs" --target moec
+build-release/moec train models/tiny.moe --device cpu --steps 2 --set val_every=0 --val-batches 1 --seed 7 >/dev/null
 if [ "${MOEC_SKIP_SANITIZE:-0}" != 1 ]; then
   cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DMOEC_SANITIZE=ON >/dev/null
   cmake --build build-asan -j "$jobs"
