@@ -56,9 +56,7 @@ struct comm_world *launch_train_join(int64_t ep, int64_t dp, int *rank) {
     free(fds);
     return NULL;
   }
-  const char *t = getenv("MOEC_COMM_TIMEOUT");
-  double timeout = t && atof(t) > 0 ? atof(t) : 600;
-  struct comm_world *w = comm_tcp_new((int)ep, (int)dp, env.rank, fds, timeout, err, sizeof err);
+  struct comm_world *w = comm_tcp_new((int)ep, (int)dp, env.rank, fds, comm_timeout_from_env(), err, sizeof err);
   free(fds);
   if (!w) fprintf(stderr, "moec: error: rank %d: %s\n", env.rank, err);
   *rank = env.rank;

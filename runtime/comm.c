@@ -31,6 +31,12 @@ void comm_world_free(comm_world *w) {
   if (w) w->ops->free(w);
 }
 int comm_world_size(const comm_world *w) { return w->n; }
+
+double comm_timeout_from_env(void) {
+  const char *t = getenv("MOEC_COMM_TIMEOUT");
+  double v = t && *t ? atof(t) : 0.0;
+  return v > 0 ? v : 600.0;
+}
 const char *comm_world_backend(const comm_world *w) { return w->ops->name; }
 comm *comm_get(comm_world *w, int rank, comm_group grp) {
   if (rank < 0 || rank >= w->n || grp >= COMM_GROUPS) return NULL;

@@ -43,6 +43,9 @@ comm_world *comm_world_new(int ep, int dp, double timeout_s);
  * closed then too. */
 comm_world *comm_tcp_new(int ep, int dp, int rank, int *fds, double timeout_s, char *err, size_t errlen);
 void comm_world_free(comm_world *w);
+/* The timeout of every collective wait, seconds: MOEC_COMM_TIMEOUT when positive, else 600
+ * (the host worlds and the NCCL watchdog alike). */
+double comm_timeout_from_env(void);
 int comm_world_size(const comm_world *w);
 const char *comm_world_backend(const comm_world *w); /* "threads" or "tcp" */
 /* Rank `rank`'s handle on group grp (owned by the world). The TCP world has one rank's

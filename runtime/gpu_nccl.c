@@ -8,6 +8,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "comm.h"
 #include "errf.h"
 
 typedef int nccl_result;                                /* ncclResult_t, ncclSuccess = 0 */
@@ -108,13 +109,6 @@ static double now_s(void) {
   return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
-/* MOEC_COMM_TIMEOUT (seconds), as the host communicator; 600 by default. */
-static double timeout_from_env(void) {
-  const char *t = getenv("MOEC_COMM_TIMEOUT");
-  double v = t && *t ? atof(t) : 600.0;
-  return v > 0 ? v : 600.0;
-}
-
 static void *watchdog(void *p) {
   gpu_nccl *c = p;
   int bound = gpu_bind(c->g) == 0; /* event queries need the context; without it, async errors only */
@@ -174,7 +168,7 @@ gpu_nccl *gpu_nccl_new(gpu_ctx *g, int nranks, int rank, const gpu_nccl_id *id, 
   if (nranks < 1 || rank < 0 || rank >= nranks) return errf(err, errlen, "nccl: rank %d of %d", rank, nranks), NULL;
   gpu_nccl *c = calloc(1, sizeof *c);
   if (!c) return errf(err, errlen, "out of host memory"), NULL;
-  c->g = g, c->nranks = nranks, c->rank = rank, c->ev_at = -1, c->timeout_s = timeout_from_env();
+  c->g = g, c->nranks = nranks, c->rank = rank, c->ev_at = -1, c->timeout_s = comm_timeout_from_env();
   pthread_mutex_init(&c->mu, NULL);
   nccl_result r = api.CommInitRank(&c->comm, nranks, *id, rank);
   if (r) {

@@ -550,9 +550,7 @@ static void *rank_main(void *p) {
 static int train_ranks(const ir_graph *const *fwds, const ir_graph *const *steps, const train_opts *o, const data_set *d, int64_t world) {
   const ir_graph *step_g = steps[0];
   int ep = step_g->cfg.ep > 1 ? (int)step_g->cfg.ep : 1;
-  const char *t = getenv("MOEC_COMM_TIMEOUT");
-  double timeout = t && atof(t) > 0 ? atof(t) : 600;
-  comm_world *w = comm_world_new((int)step_g->cfg.ep, (int)step_g->cfg.dp, timeout);
+  comm_world *w = comm_world_new((int)step_g->cfg.ep, (int)step_g->cfg.dp, comm_timeout_from_env());
   rank_ctx *r = calloc((size_t)world, sizeof *r);
   pthread_t *th = calloc((size_t)world, sizeof *th);
   if (!w || !r || !th) {

@@ -10,35 +10,14 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "frontend.h"
-#include "pipeline.h"
 #include "runtime/gpu_fp8.h"
 
 #include "check.h"
-
-static ir_graph *step(const char *precision) {
-  const moec_set sets[] = {{"hidden", "128"}, {"ffn", "256"}, {"seq", "16"}, {"batch", "2"}, {"precision", precision}};
-  ir_graph *g = moec_frontend_load("models/tiny.moe", sets, 5, stderr);
-  pipeline_opts o = {.train = 1};
-  if (!g || pipeline_run(&g, &o, stderr) != 0) {
-    printf("cannot build the %s step of models/tiny.moe\n", precision);
-    exit(1);
-  }
-  return g;
-}
-
-static int *uses(const ir_graph *g) {
-  int *last = malloc(((size_t)g->n_nodes + 1) * sizeof *last);
-  for (int id = 0; id < g->n_nodes; id++) {
-    last[id] = id;
-    for (int j = 0; j < g->nodes[id].n_in; j++) last[g->nodes[id].in[j]] = id;
-  }
-  return last;
-}
+#include "tiny_step.h"
 
 static void test_block128(void) {
-  ir_graph *g = step("mxfp8(block=128)");
-  int *last = uses(g), *before = uses(g);
+  ir_graph *g = tiny_step("mxfp8(block=128)");
+  int *last = tiny_last_uses(g, 0), *before = tiny_last_uses(g, 0);
   gpu_fp8_plan p;
   CHECK(gpu_fp8_plan_new(g, 1, last, &p) == 0, "plan");
   int sites = 0, grouped = 0, skipped = 0, saved_store = 0, saved = 0, fwd_values = 0;
@@ -99,8 +78,8 @@ static void test_block128(void) {
 }
 
 static void test_block32(void) {
-  ir_graph *g = step("mxfp8");
-  int *last = uses(g);
+  ir_graph *g = tiny_step("mxfp8");
+  int *last = tiny_last_uses(g, 0);
   gpu_fp8_plan p;
   CHECK(gpu_fp8_plan_new(g, 1, last, &p) == 0, "plan");
   int any = 0;

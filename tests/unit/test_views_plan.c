@@ -11,37 +11,15 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "frontend.h"
-#include "pipeline.h"
 #include "runtime/gpu_views.h"
 
 #include "check.h"
-
-static ir_graph *step(const char *precision) {
-  const moec_set sets[] = {{"hidden", "128"}, {"ffn", "256"}, {"seq", "16"}, {"batch", "2"}, {"precision", precision}};
-  ir_graph *g = moec_frontend_load("models/tiny.moe", sets, 5, stderr);
-  pipeline_opts o = {.train = 1};
-  if (!g || pipeline_run(&g, &o, stderr) != 0) {
-    printf("cannot build the %s step of models/tiny.moe\n", precision);
-    exit(1);
-  }
-  return g;
-}
-
-static int *uses(const ir_graph *g) {
-  int *last = malloc(((size_t)g->n_nodes + 1) * sizeof *last);
-  for (int id = 0; id < g->n_nodes; id++) {
-    last[id] = id;
-    for (int j = 0; j < g->nodes[id].n_in; j++) last[g->nodes[id].in[j]] = id;
-  }
-  for (int i = 0; i < g->n_outputs; i++) last[g->outputs[i]] = g->n_nodes;
-  return last;
-}
+#include "tiny_step.h"
 
 /* Counts of each view kind in g's plan (fp8 on or off), after checking its invariants. */
 static void check_plan(const char *precision, int fp8_on, int counts[5]) {
-  ir_graph *g = step(precision);
-  int *last = uses(g);
+  ir_graph *g = tiny_step(precision);
+  int *last = tiny_last_uses(g, 1);
   gpu_fp8_plan p;
   CHECK(gpu_fp8_plan_new(g, fp8_on, last, &p) == 0, "fp8 plan");
   uint8_t *view = calloc((size_t)g->n_nodes + 1, 1);
