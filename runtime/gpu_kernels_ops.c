@@ -216,19 +216,26 @@ int rt_cuda_route_weights_bwd(rt_cuda *k, gpu_ptr logits, gpu_ptr idx, gpu_ptr d
                     ARGS(&logits, &idx, &dw, &dlogits, &T, &E, &kk, &k->err_flag));
 }
 
-/* Partial sums of the aux loss into scratch, then the final kernel writes loss and/or a. */
-static int aux_sums(rt_cuda *k, gpu_ptr logits, gpu_ptr idx, int64_t T, int64_t E, int64_t kk, float coef,
-                    gpu_ptr loss, int want_a, gpu_ptr *a) {
+/* Partial sums of the aux loss into scratch, then the final kernel writes loss and/or a (E + 1
+ * doubles). counts = 0: the routes are this rank's (idx); else the share form: the partial sums
+ * need no ids, and the final kernel takes the routes of all ranks (counts, E ints), a[E] = their
+ * token count. */
+static int aux_sums(rt_cuda *k, gpu_ptr logits, gpu_ptr idx, gpu_ptr counts, int64_t T, int64_t E, int64_t kk,
+                    float coef, gpu_ptr loss, int want_a, gpu_ptr *a) {
   if (E < 1 || E > CG_MAX_E) return rtk_fail(k, "aux_loss: %lld experts, the GPU kernels take 1..%d", (long long)E, CG_MAX_E);
+  if (counts && kk < 1) return rtk_fail(k, "aux_loss: top_k %lld (%s)", (long long)kk, ck_strerror(CK_ESHAPE));
   int64_t nb = (T + CG_NT_RED - 1) / CG_NT_RED;
   const size_t pb = rtk_align((size_t)(nb * E) * sizeof(double)), cb = rtk_align((size_t)(nb * E) * sizeof(int));
-  gpu_ptr ws;
-  if (rtk_scratch(k, pb + cb + (size_t)E * sizeof(double), &ws) != 0) return -1;
+  gpu_ptr ws, ids = counts ? 0 : idx;
+  if (rtk_scratch(k, pb + cb + (size_t)(E + 1) * sizeof(double), &ws) != 0) return -1;
   gpu_ptr Ppart = ws, cpart = ws + pb;
   *a = want_a ? ws + pb + cb : 0;
   if (rtk_launch(k, CG_FAM_ROUTER, NULL, "moec_aux_partial", (uint64_t)nb, 1, CG_NT_RED,
-                 ARGS(&logits, &idx, &Ppart, &cpart, &T, &E, &kk, &k->err_flag)) != 0)
+                 ARGS(&logits, &ids, &Ppart, &cpart, &T, &E, &kk, &k->err_flag)) != 0)
     return -1;
+  if (counts)
+    return rtk_launch(k, CG_FAM_ROUTER, NULL, "moec_aux_final_share", 1, 1, CG_NT_RED,
+                      ARGS(&Ppart, &nb, &T, &counts, &E, &kk, &coef, &loss, a));
   return rtk_launch(k, CG_FAM_ROUTER, NULL, "moec_aux_final", 1, 1, CG_NT_RED,
                     ARGS(&Ppart, &cpart, &nb, &T, &E, &coef, &loss, a));
 }
@@ -236,48 +243,29 @@ static int aux_sums(rt_cuda *k, gpu_ptr logits, gpu_ptr idx, int64_t T, int64_t 
 int rt_cuda_aux_loss_fwd(rt_cuda *k, gpu_ptr logits, gpu_ptr idx, gpu_ptr loss, int64_t T, int64_t E, int64_t kk,
                          float coef) {
   gpu_ptr a;
-  return aux_sums(k, logits, idx, T, E, kk, coef, loss, 0, &a);
+  return aux_sums(k, logits, idx, 0, T, E, kk, coef, loss, 0, &a);
 }
 
 int rt_cuda_aux_loss_bwd(rt_cuda *k, gpu_ptr logits, gpu_ptr idx, gpu_ptr dloss, gpu_ptr dlogits, int64_t T,
                          int64_t E, int64_t kk, float coef) {
   gpu_ptr a, none = 0;
   if (T == 0) return 0;
-  if (aux_sums(k, logits, idx, T, E, kk, coef, none, 1, &a) != 0) return -1;
+  if (aux_sums(k, logits, idx, 0, T, E, kk, coef, none, 1, &a) != 0) return -1;
   return rtk_launch(k, CG_FAM_ROUTER, NULL, "moec_aux_bwd", rtk_blocks(T, CG_NT_RED), 1, CG_NT_RED,
                     ARGS(&logits, &a, &dloss, &dlogits, &T, &E));
-}
-
-/* The share form: P partial sums (no ids), then the final kernel with the global counts;
- * a (E + 1 doubles: a[E] = the global token count) when want_a. */
-static int aux_share_sums(rt_cuda *k, gpu_ptr logits, gpu_ptr counts, int64_t T, int64_t E, int64_t kk, float coef,
-                          gpu_ptr loss, int want_a, gpu_ptr *a) {
-  if (E < 1 || E > CG_MAX_E) return rtk_fail(k, "aux_loss: %lld experts, the GPU kernels take 1..%d", (long long)E, CG_MAX_E);
-  if (kk < 1) return rtk_fail(k, "aux_loss: top_k %lld (%s)", (long long)kk, ck_strerror(CK_ESHAPE));
-  int64_t nb = (T + CG_NT_RED - 1) / CG_NT_RED;
-  const size_t pb = rtk_align((size_t)(nb * E) * sizeof(double)), cb = rtk_align((size_t)(nb * E) * sizeof(int));
-  gpu_ptr ws, none = 0;
-  if (rtk_scratch(k, pb + cb + (size_t)(E + 1) * sizeof(double), &ws) != 0) return -1;
-  gpu_ptr Ppart = ws, cpart = ws + pb;
-  *a = want_a ? ws + pb + cb : 0;
-  if (nb > 0 && rtk_launch(k, CG_FAM_ROUTER, NULL, "moec_aux_partial", (uint64_t)nb, 1, CG_NT_RED,
-                           ARGS(&logits, &none, &Ppart, &cpart, &T, &E, &kk, &k->err_flag)) != 0)
-    return -1;
-  return rtk_launch(k, CG_FAM_ROUTER, NULL, "moec_aux_final_share", 1, 1, CG_NT_RED,
-                    ARGS(&Ppart, &nb, &T, &counts, &E, &kk, &coef, &loss, a));
 }
 
 int rt_cuda_aux_loss_share_fwd(rt_cuda *k, gpu_ptr logits, gpu_ptr counts, gpu_ptr loss, int64_t T, int64_t E,
                                int64_t kk, float coef) {
   gpu_ptr a;
-  return aux_share_sums(k, logits, counts, T, E, kk, coef, loss, 0, &a);
+  return aux_sums(k, logits, 0, counts, T, E, kk, coef, loss, 0, &a);
 }
 
 int rt_cuda_aux_loss_share_bwd(rt_cuda *k, gpu_ptr logits, gpu_ptr counts, gpu_ptr dloss, gpu_ptr dlogits, int64_t T,
                                int64_t E, int64_t kk, float coef) {
   gpu_ptr a, none = 0;
   if (T == 0) return 0;
-  if (aux_share_sums(k, logits, counts, T, E, kk, coef, none, 1, &a) != 0) return -1;
+  if (aux_sums(k, logits, 0, counts, T, E, kk, coef, none, 1, &a) != 0) return -1;
   return rtk_launch(k, CG_FAM_ROUTER, NULL, "moec_aux_bwd_share", rtk_blocks(T, CG_NT_RED), 1, CG_NT_RED,
                     ARGS(&logits, &a, &dloss, &dlogits, &T, &E));
 }
