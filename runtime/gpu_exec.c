@@ -52,37 +52,49 @@ static int pool_class(size_t bytes) {
   return c;
 }
 
+/* Buffers come in power-of-two classes; the loader is told what no tensor occupies (cached
+ * buffers, and each buffer's rounding up to its class), so that it counts bytes in use the way
+ * torch's allocator does (gpu_note_idle). */
 static int pool_get(gpu_runtime *rt, size_t bytes, gpu_ptr *p) {
   int c = pool_class(bytes);
+  size_t cls = (size_t)1 << c;
   if (rt->pool[c].n > 0) {
     *p = rt->pool[c].free[--rt->pool[c].n];
-    rt->pooled -= (size_t)1 << c;
+    rt->pooled -= cls;
+    gpu_note_idle(rt->g, -(ptrdiff_t)bytes);
     return 0;
   }
-  if (gpu_alloc(rt->g, p, (size_t)1 << c, "activations") == 0) return 0;
+  gpu_note_idle(rt->g, (ptrdiff_t)(cls - bytes));
+  if (gpu_alloc(rt->g, p, cls, "activations") == 0) return 0;
   /* out of memory: give the cached buffers back and try once more */
   for (int i = 0; i < POOL_CLASSES; i++) {
     for (int j = 0; j < rt->pool[i].n; j++) gpu_free(rt->g, rt->pool[i].free[j]);
     rt->pool[i].n = 0;
   }
+  gpu_note_idle(rt->g, -(ptrdiff_t)rt->pooled);
   rt->pooled = 0;
-  return gpu_alloc(rt->g, p, (size_t)1 << c, "activations");
+  if (gpu_alloc(rt->g, p, cls, "activations") == 0) return 0;
+  gpu_note_idle(rt->g, -(ptrdiff_t)(cls - bytes));
+  return -1;
 }
 
 static void pool_put(gpu_runtime *rt, gpu_ptr p, size_t bytes) {
   int c = pool_class(bytes);
+  size_t cls = (size_t)1 << c;
   if (rt->pool[c].n == rt->pool[c].cap) {
     int cap = rt->pool[c].cap ? 2 * rt->pool[c].cap : 16;
     gpu_ptr *f = realloc(rt->pool[c].free, (size_t)cap * sizeof *f);
     if (!f) {
       gpu_free(rt->g, p);
+      gpu_note_idle(rt->g, -(ptrdiff_t)(cls - bytes));
       return;
     }
     rt->pool[c].free = f;
     rt->pool[c].cap = cap;
   }
   rt->pool[c].free[rt->pool[c].n++] = p;
-  rt->pooled += (size_t)1 << c;
+  rt->pooled += cls;
+  gpu_note_idle(rt->g, (ptrdiff_t)bytes);
 }
 
 gpu_runtime *gpu_runtime_new(rt_params *ps, const char *dump_dir, char *err, size_t errlen) {
@@ -146,6 +158,7 @@ void gpu_runtime_free(gpu_runtime *rt) {
     for (int j = 0; j < rt->pool[c].n; j++) gpu_free(rt->g, rt->pool[c].free[j]);
     free(rt->pool[c].free);
   }
+  if (rt->g) gpu_note_idle(rt->g, -(ptrdiff_t)rt->pooled);
   gpu_attention_free(rt->attn);
   gpu_blas_free(rt->blas);
   rt_cuda_free(rt->k);
@@ -180,8 +193,9 @@ int gpu_runtime_download(gpu_runtime *rt, rt_params *ps, char *err, size_t errle
 
 const char *gpu_runtime_device(const gpu_runtime *rt) { return rt->device; }
 size_t gpu_runtime_peak_bytes(const gpu_runtime *rt) { return gpu_peak_bytes(rt->g); }
+size_t gpu_runtime_peak_used_bytes(const gpu_runtime *rt) { return gpu_peak_used_bytes(rt->g); }
 gpu_ctx *gpu_runtime_ctx(gpu_runtime *rt) { return rt->g; }
-size_t gpu_runtime_live_bytes(const gpu_runtime *rt) { return gpu_held_bytes(rt->g) - rt->pooled; }
+size_t gpu_runtime_live_bytes(const gpu_runtime *rt) { return gpu_used_bytes(rt->g); }
 
 /* ---------------------------------------------------------------- the executor */
 typedef struct {

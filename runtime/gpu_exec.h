@@ -29,9 +29,12 @@ int gpu_runtime_download(gpu_runtime *rt, rt_params *ps, char *err, size_t errle
 int gpu_runtime_upload(gpu_runtime *rt, const rt_params *ps, char *err, size_t errlen);
 /* "NVIDIA H200 (sm_90a)" */
 const char *gpu_runtime_device(const gpu_runtime *rt);
-/* Most device bytes held at once since start. */
+/* Most device bytes held at once since start (from the driver, the pool's cache included). */
 size_t gpu_runtime_peak_bytes(const gpu_runtime *rt);
-/* Device bytes in use now: held minus the free buffers cached in the pool. */
+/* Most bytes in use by tensors at once since start: held minus the pool's cached buffers and
+ * its size-class rounding (what torch.cuda.max_memory_allocated counts). */
+size_t gpu_runtime_peak_used_bytes(const gpu_runtime *rt);
+/* Device bytes in use by tensors now (held minus the pool's cache and rounding). */
 size_t gpu_runtime_live_bytes(const gpu_runtime *rt);
 gpu_ctx *gpu_runtime_ctx(gpu_runtime *rt);
 

@@ -105,7 +105,9 @@ struct gpu_ctx {
   CUcontext ctx;
   CUstream stream;
   gpu_device_info info;
-  size_t held, peak;      /* bytes from gpu_alloc now, and at most */
+  size_t held, peak;      /* bytes from gpu_alloc now, and at most (what the driver gave us) */
+  size_t idle, peak_used; /* of held, bytes no tensor occupies (a pool's cached buffers and size
+                             rounding, gpu_note_idle); the most held - idle at once */
   struct alloc_rec *recs; /* (n_recs) live allocations, for gpu_free's accounting */
   size_t n_recs, cap_recs;
   const char *last_kernel; /* the last launch, named when a later sync fails */
@@ -295,6 +297,17 @@ const char *gpu_error(const gpu_ctx *g) { return g->err; }
 void *gpu_stream(const gpu_ctx *g) { return g->stream; }
 size_t gpu_peak_bytes(const gpu_ctx *g) { return g->peak; }
 size_t gpu_held_bytes(const gpu_ctx *g) { return g->held; }
+size_t gpu_used_bytes(const gpu_ctx *g) { return g->held - g->idle; }
+size_t gpu_peak_used_bytes(const gpu_ctx *g) { return g->peak_used; }
+
+static void note_used(gpu_ctx *g) {
+  if (g->held - g->idle > g->peak_used) g->peak_used = g->held - g->idle;
+}
+
+void gpu_note_idle(gpu_ctx *g, ptrdiff_t delta) {
+  g->idle = (size_t)((ptrdiff_t)g->idle + delta);
+  note_used(g);
+}
 
 int gpu_mem_info(gpu_ctx *g, size_t *free_b, size_t *total_b) {
   CALL(g, cu.MemGetInfo(free_b, total_b), "cuMemGetInfo");
@@ -347,6 +360,7 @@ int gpu_alloc(gpu_ctx *g, gpu_ptr *p, size_t bytes, const char *what) {
   g->recs[g->n_recs++] = (alloc_rec){d, bytes};
   g->held += bytes;
   if (g->held > g->peak) g->peak = g->held;
+  note_used(g);
   *p = d;
   return 0;
 }

@@ -67,6 +67,13 @@ int gpu_alloc(gpu_ctx *g, gpu_ptr *p, size_t bytes, const char *what);
 void gpu_free(gpu_ctx *g, gpu_ptr p);
 size_t gpu_peak_bytes(const gpu_ctx *g); /* most bytes held by gpu_alloc at once */
 size_t gpu_held_bytes(const gpu_ctx *g); /* bytes held by gpu_alloc now */
+/* A caching allocator on top (the executor's pool) tells how much of what it holds no tensor
+ * occupies: its cached free buffers and the rounding of sizes up to its classes (delta > 0:
+ * more idle). Held minus idle is what torch.cuda.memory_allocated counts, and its peak what
+ * max_memory_allocated does: the measure the peer reports. */
+void gpu_note_idle(gpu_ctx *g, ptrdiff_t delta);
+size_t gpu_used_bytes(const gpu_ctx *g);      /* held - idle now */
+size_t gpu_peak_used_bytes(const gpu_ctx *g); /* the most held - idle at once */
 /* Formats the out-of-memory message (used by gpu_alloc; public for the memory planner,
  * which checks its predicted peak before allocating anything). */
 void gpu_oom_message(char *buf, size_t len, const char *what, size_t asked, size_t free_bytes,

@@ -517,9 +517,13 @@ static int train_rank(rank_ctx *r) {
     memplan mp;
     memplan_estimate(step_g, &mp);
     char pb[32], hb[32], sb[32];
-    size_t peak = gpu_runtime_peak_bytes(ex.rt);
-    fprintf(msgf, "peak GPU memory: %s (predicted from liveness: %s)\n", gpu_fmt_bytes(peak, b, sizeof b),
-            gpu_fmt_bytes((size_t)mp.total, pb, sizeof pb));
+    size_t peak = gpu_runtime_peak_used_bytes(ex.rt), reserved = gpu_runtime_peak_bytes(ex.rt);
+    char rb[32];
+    /* in use by tensors, as the peer's torch.cuda.max_memory_allocated counts; the pool's
+       cached buffers and size-class rounding on top are what the driver gave us */
+    fprintf(msgf, "peak GPU memory: %s (predicted from liveness: %s; reserved from the driver: %s)\n",
+            gpu_fmt_bytes(peak, b, sizeof b), gpu_fmt_bytes((size_t)mp.total, pb, sizeof pb),
+            gpu_fmt_bytes(reserved, rb, sizeof rb));
     /* the peer's static_gib and step_gib: what stays between steps, and what a step adds on top */
     fprintf(msgf, "GPU memory held between steps: %s; step memory (peak - held): %s\n",
             gpu_fmt_bytes(held_between, hb, sizeof hb), gpu_fmt_bytes(peak - held_between, sb, sizeof sb));

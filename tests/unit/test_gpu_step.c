@@ -85,6 +85,13 @@ static int compare(const char *path, const moec_set *sets, int n_sets, int fused
       fprintf(stderr, "%s: step %lld: %zu bytes in use between steps, fewer than the weights and moments\n", path,
               (long long)s, held);
     }
+    /* bytes in use by tensors (the pool's cache and rounding not counted) peak above what
+       stays between steps and within what the driver gave */
+    if (gpu_runtime_peak_used_bytes(rt) < held || gpu_runtime_peak_used_bytes(rt) > gpu_runtime_peak_bytes(rt)) {
+      failed++;
+      fprintf(stderr, "%s: step %lld: peak in use %zu bytes, not between the %zu in use between steps and the %zu reserved\n",
+              path, (long long)s, gpu_runtime_peak_used_bytes(rt), held, gpu_runtime_peak_bytes(rt));
+    }
     double rel = fabs((double)og[0] - oc[0]) / fabs((double)oc[0]);
     if (rel > worst_loss) worst_loss = rel;
     if (rel > loss_tol) {
