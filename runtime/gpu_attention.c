@@ -1,5 +1,5 @@
-/* gpu_attention.c -- the choice between the flash kernels (gpu_flash.c) and attention from
- * cuBLASLt GEMMs and three small NVRTC kernels. In the latter, query head h = j*group + r
+/* gpu_attention.c -- the choice between cuDNN's fused attention (gpu_cudnn_attn.c), the flash
+ * kernels (gpu_flash.c) and attention from cuBLASLt GEMMs and three small NVRTC kernels. In the latter, query head h = j*group + r
  * reads KV head j; for each r, one strided-batched GEMM covers every j. */
 #include "gpu_attention.h"
 
@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "gpu_cudnn_attn.h"
 #include "gpu_flash.h"
 #include "gpu_nvrtc.h"
 
@@ -87,6 +88,7 @@ struct gpu_attention {
   gpu_ptr scores, p, lse, D;
   size_t cap_scores, cap_p, cap_lse, cap_D;
   gpu_flash *flash; /* NULL: gemm only (MOEC_ATTENTION=gemm, or a device older than sm_80) */
+  gpu_cudnn_attn *cudnn; /* MOEC_ATTENTION=cudnn with the library loaded; else NULL */
 };
 
 gpu_attention *gpu_attention_new(rt_cuda *k, gpu_blas *b, char *err, size_t errlen) {
@@ -121,13 +123,25 @@ gpu_attention *gpu_attention_new(rt_cuda *k, gpu_blas *b, char *err, size_t errl
     return NULL;
   }
   const char *env = getenv("MOEC_ATTENTION");
-  if (env && *env && strcmp(env, "gemm") != 0 && strcmp(env, "flash") != 0) {
-    snprintf(err, errlen, "MOEC_ATTENTION=%s: expected flash or gemm", env);
+  if (env && *env && strcmp(env, "gemm") != 0 && strcmp(env, "flash") != 0 && strcmp(env, "cudnn") != 0) {
+    snprintf(err, errlen, "MOEC_ATTENTION=%s: expected flash, cudnn or gemm", env);
     gpu_attention_free(a);
     return NULL;
   }
-  /* deterministic runs keep the flash forward's speed out: its backward adds dq atomically */
-  int want_flash = env && *env ? strcmp(env, "flash") == 0 : !gpu_deterministic();
+  /* cuDNN's backward may add dq atomically too: never under MOEC_DETERMINISTIC=1, even when
+   * asked for; it falls back to the default (gemm there, flash elsewhere). Without the library
+   * it falls back silently to flash. */
+  const int want_cudnn = env && strcmp(env, "cudnn") == 0 && !gpu_deterministic();
+  if (want_cudnn) {
+    a->cudnn = gpu_cudnn_attn_new(a->g, err, errlen);
+    if (!a->cudnn && err[0]) { /* present but unusable: say so rather than run something else */
+      gpu_attention_free(a);
+      return NULL;
+    }
+  }
+  /* deterministic runs keep the flash forward's speed out: its backward adds dq atomically.
+   * Under MOEC_ATTENTION=cudnn, flash stays the path for what cuDNN does not take. */
+  int want_flash = env && *env && strcmp(env, "cudnn") != 0 ? strcmp(env, "flash") == 0 : !gpu_deterministic();
   if (want_flash) {
     a->flash = gpu_flash_new(a->g, o.arch, NULL, err, errlen);
     if (!a->flash && err[0]) { /* a compile or load failure, not an old device */
@@ -145,6 +159,7 @@ void gpu_attention_free(gpu_attention *a) {
   gpu_free(a->g, a->lse);
   gpu_free(a->g, a->D);
   gpu_flash_free(a->flash);
+  gpu_cudnn_attn_free(a->cudnn);
   if (a->module) gpu_module_unload(a->g, a->module);
   free(a);
 }
@@ -289,8 +304,23 @@ int gpu_attention_uses_flash(const gpu_attention *a, const gpu_attn_dims *d, gpu
          d->nh % d->nkv == 0 && ((q | k | v | out) & 15) == 0;
 }
 
+int gpu_attention_uses_cudnn(const gpu_attention *a, const gpu_attn_dims *d, gpu_ptr q, gpu_ptr k, gpu_ptr v,
+                             gpu_ptr out) {
+  return a->cudnn && d->dt == CG_DT_BF16 && gpu_cudnn_attn_supports(a->cudnn, d->hd) && d->nkv >= 1 &&
+         d->nh % d->nkv == 0 && d->B >= 1 && d->seq >= 1 && ((q | k | v | out) & 15) == 0;
+}
+
+static gpu_cudnn_shape cudnn_shape(const gpu_attn_dims *d) {
+  gpu_cudnn_shape s = {d->B, d->seq, d->nh, d->nkv, d->hd, d->causal != 0};
+  return s;
+}
+
 int gpu_attention_fwd(gpu_attention *a, const gpu_attn_dims *d, gpu_ptr q, gpu_ptr k, gpu_ptr v, gpu_ptr out, char *err,
                       size_t errlen) {
+  if (gpu_attention_uses_cudnn(a, d, q, k, v, out)) {
+    const gpu_cudnn_shape s = cudnn_shape(d);
+    return gpu_cudnn_attn_fwd_cached(a->cudnn, &s, q, k, v, out, err, errlen);
+  }
   if (gpu_attention_uses_flash(a, d, q, k, v, out))
     return gpu_flash_fwd(a->flash, d->B, d->seq, d->nh, d->nkv, d->hd, d->causal, q, k, v, out, err, errlen);
   return gpu_attention_fwd_gemm(a, d, q, k, v, out, err, errlen);
@@ -298,13 +328,20 @@ int gpu_attention_fwd(gpu_attention *a, const gpu_attn_dims *d, gpu_ptr q, gpu_p
 
 int gpu_attention_bwd(gpu_attention *a, const gpu_attn_dims *d, gpu_ptr q, gpu_ptr k, gpu_ptr v, gpu_ptr out,
                       gpu_ptr dout, gpu_ptr packed, char *err, size_t errlen) {
+  if (gpu_attention_uses_cudnn(a, d, q, k, v, out) && ((dout | packed) & 15) == 0) {
+    const gpu_cudnn_shape s = cudnn_shape(d);
+    return gpu_cudnn_attn_bwd_cached(a->cudnn, &s, q, k, v, out, dout, packed, err, errlen);
+  }
   if (gpu_attention_uses_flash(a, d, q, k, v, out) && ((dout | packed) & 15) == 0)
     return gpu_flash_bwd(a->flash, d->B, d->seq, d->nh, d->nkv, d->hd, d->causal, q, k, v, out, dout, packed, err,
                          errlen);
   return gpu_attention_bwd_gemm(a, d, q, k, v, out, dout, packed, err, errlen);
 }
 
-void gpu_attention_new_run(gpu_attention *a) { gpu_flash_new_run(a->flash); }
+void gpu_attention_new_run(gpu_attention *a) {
+  gpu_flash_new_run(a->flash);
+  gpu_cudnn_attn_new_run(a->cudnn);
+}
 
 int gpu_attention_flash_variant(const gpu_attention *a, int64_t hd, int bwd, char *name, size_t len) {
   return a->flash ? gpu_flash_variant(a->flash, hd, bwd, name, len) : -1;

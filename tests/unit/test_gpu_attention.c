@@ -8,10 +8,19 @@
  * inputs. Bounds: bf16 2e-2 for out, 3e-2 for the gradients (P and dS go through bf16 MMAs
  * and every output is rounded to bf16); f32 1e-4.
  *
- * Then the timing at seq 8192, batch 1, heads 16 / kv 8, bf16, head dim 64 and 128: forward
- * and backward, the flash kernels (each variant) against the GEMM path, in ms and TFLOP/s
- * with FLOPs = 4 B nh seq^2 hd / 2 forward (causal) and 2.5x that backward.
+ * Then cuDNN's fused attention (runtime/gpu_cudnn_attn.h, as MOEC_ATTENTION=cudnn takes it)
+ * where libcudnn loads, on fresh inputs: B = 2, seq 64 / 200 / 333 / 1024, heads 16 / kv 8,
+ * 6 / 2 and 4 / 4, head dim 64 and 128, causal and one non-causal case, bf16, against the
+ * same CPU reference with the same bounds as flash (cuDNN computes in f32 with bf16 P and dS
+ * operands, as flash does), and once the backward with no cached stats. Without the library:
+ * "cudnn: skipped (libcudnn not found)", and the rest still counts.
  *
+ * Then the timing at seq 8192, batch 1, heads 16 / kv 8, bf16, head dim 64 and 128: forward
+ * and backward, the flash kernels (each variant) and cuDNN against the GEMM path, in ms and
+ * TFLOP/s with FLOPs = 4 B nh seq^2 hd / 2 forward (causal) and 2.5x that backward.
+ *
+ * --cudnn: only the cuDNN cases, then the timing of cuDNN against the default flash kernels
+ * at hd 64 and 128 (no GEMM path, no other variant).
  * --quick: the small bf16 cases only (for compute-sanitizer). Prints "SKIP" and passes where
  * there is no CUDA driver or GPU. */
 #include <math.h>
@@ -22,6 +31,7 @@
 #include "cpu_kernels.h"
 #include "gpu_attention.h"
 #include "gpu_blas.h"
+#include "gpu_cudnn_attn.h"
 #include "gpu_flash.h"
 #include "gpu_kernels.h"
 #include "gpu_loader.h"
@@ -273,7 +283,9 @@ static double time_ms(gpu_attention *a, const gpu_attn_dims *d, int bwd, int gem
   return ms / iters;
 }
 
-static void timing(int64_t hd) {
+static int have_cudnn; /* libcudnn loads and a handle was made */
+
+static void timing(int64_t hd, int cudnn_only) {
   const int64_t B = 1, S = 8192, nh = 16, nkv = 8, T = B * S;
   const gpu_attn_dims d = {B, S, nh, nkv, hd, 1, CG_DT_BF16};
   const double fl_fwd = 4.0 * B * nh * (double)S * S * hd / 2, fl_bwd = 2.5 * fl_fwd;
@@ -290,15 +302,18 @@ static void timing(int64_t hd) {
   }
   printf("timing: B=%lld seq=%lld heads %lld / kv %lld, hd %lld, causal, bf16; FLOPs fwd %.1f G, bwd %.1f G\n", (long long)B,
          (long long)S, (long long)nh, (long long)nkv, (long long)hd, fl_fwd * 1e-9, fl_bwd * 1e-9);
-  gpu_attention *a = make_attention(NULL, NULL, NULL);
-  if (!a) return;
-  double gf = time_ms(a, &d, 0, 1, q, k, v, out, dout, packed, 1, 3);
-  double gb = time_ms(a, &d, 1, 1, q, k, v, out, dout, packed, 1, 3);
-  printf("  gemm  (old)  fwd %8.3f ms %6.1f TFLOP/s   bwd %8.3f ms %6.1f TFLOP/s\n", gf, fl_fwd / gf * 1e-9, gb,
-         fl_bwd / gb * 1e-9);
-  gpu_attention_free(a); /* frees the 6.4 GiB of scores */
-  double best_f = INFINITY, best_b = INFINITY;
-  for (int vi = 0; vi < 8; vi++) {
+  double gf = NAN, gb = NAN;
+  if (!cudnn_only) {
+    gpu_attention *a = make_attention(NULL, NULL, NULL);
+    if (!a) return;
+    gf = time_ms(a, &d, 0, 1, q, k, v, out, dout, packed, 1, 3);
+    gb = time_ms(a, &d, 1, 1, q, k, v, out, dout, packed, 1, 3);
+    printf("  gemm  (old)  fwd %8.3f ms %6.1f TFLOP/s   bwd %8.3f ms %6.1f TFLOP/s\n", gf, fl_fwd / gf * 1e-9, gb,
+           fl_bwd / gb * 1e-9);
+    gpu_attention_free(a); /* frees the 6.4 GiB of scores */
+  }
+  double best_f = INFINITY, best_b = INFINITY, def_f = NAN, def_b = NAN;
+  for (int vi = 0; vi < (cudnn_only ? 1 : 8); vi++) {
     char s[16], fname[64] = "", bname[64] = "";
     snprintf(s, sizeof s, "%d", vi);
     gpu_attention *av = make_attention(s, s, NULL);
@@ -319,6 +334,7 @@ static void timing(int64_t hd) {
       printf("  flash fwd %-24s %8.3f ms %6.1f TFLOP/s (%.1fx the gemm path)%s\n", fname, f, fl_fwd / f * 1e-9, gf / f,
              vi == 0 ? "  [default]" : "");
       best_f = fmin(best_f, f);
+      if (vi == 0) def_f = f;
     }
     if (new_b) {
       /* the forward first, so that the backward finds its logsumexp */
@@ -327,12 +343,28 @@ static void timing(int64_t hd) {
       printf("  flash bwd %-24s %8.3f ms %6.1f TFLOP/s (%.1fx the gemm path)%s\n", bname, b, fl_bwd / b * 1e-9, gb / b,
              vi == 0 ? "  [default]" : "");
       best_b = fmin(best_b, b);
+      if (vi == 0) def_b = b;
     }
     gpu_attention_free(av);
     if (!new_f && !new_b) break;
   }
   printf("  best: fwd %.3f ms (%.1f TFLOP/s), bwd %.3f ms (%.1f TFLOP/s), fwd+bwd %.1fx the gemm path\n", best_f,
          fl_fwd / best_f * 1e-9, best_b, fl_bwd / best_b * 1e-9, (gf + gb) / (best_f + best_b));
+  if (have_cudnn) {
+    gpu_attention *ac = make_attention(NULL, NULL, "cudnn");
+    if (ac && gpu_attention_uses_cudnn(ac, &d, q, k, v, out)) {
+      double f = time_ms(ac, &d, 0, 0, q, k, v, out, dout, packed, 2, 10);
+      time_ms(ac, &d, 0, 0, q, k, v, out, dout, packed, 0, 1); /* the stats for the backward */
+      double b = time_ms(ac, &d, 1, 0, q, k, v, out, dout, packed, 2, 10);
+      printf("  cudnn fwd %-24s %8.3f ms %6.1f TFLOP/s (%.2fx the default flash kernel)\n", "", f, fl_fwd / f * 1e-9,
+             def_f / f);
+      printf("  cudnn bwd %-24s %8.3f ms %6.1f TFLOP/s (%.2fx the default flash kernel)\n", "", b, fl_bwd / b * 1e-9,
+             def_b / b);
+    } else if (ac) {
+      FAIL("timing: MOEC_ATTENTION=cudnn does not take cuDNN at hd %lld", (long long)hd);
+    }
+    gpu_attention_free(ac);
+  }
   gpu_free(G, q);
   gpu_free(G, k);
   gpu_free(G, v);
@@ -341,8 +373,51 @@ static void timing(int64_t hd) {
   gpu_free(G, packed);
 }
 
+/* cuDNN's fused attention through gpu_attention (MOEC_ATTENTION=cudnn), against the CPU. */
+static void cudnn_cases(int quick) {
+  char err[1024] = "";
+  gpu_cudnn_attn *probe = gpu_cudnn_attn_new(G, err, sizeof err);
+  if (!probe) {
+    if (err[0]) FAIL("cudnn: %s", err);
+    else printf("cudnn: skipped (libcudnn not found)\n");
+    return;
+  }
+  printf("cudnn: cuDNN %zu\n", gpu_cudnn_attn_version(probe));
+  gpu_cudnn_attn_free(probe);
+  if (gpu_deterministic()) {
+    printf("cudnn: skipped (MOEC_DETERMINISTIC=1 never takes cuDNN)\n");
+    return;
+  }
+  gpu_attention *a = make_attention(NULL, NULL, "cudnn");
+  if (!a) return;
+  have_cudnn = 1;
+  static const cfg cases[] = {
+      {2, 64, 4, 4, 64, 1, CG_DT_BF16},    {2, 200, 16, 8, 64, 1, CG_DT_BF16}, {2, 200, 6, 2, 128, 1, CG_DT_BF16},
+      {2, 333, 16, 8, 128, 1, CG_DT_BF16}, {2, 200, 16, 8, 64, 0, CG_DT_BF16}, {2, 1024, 16, 8, 64, 1, CG_DT_BF16},
+      {2, 1024, 6, 2, 128, 1, CG_DT_BF16},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    const cfg c = cases[i];
+    if (quick && c.S > 200) continue;
+    ref_case r;
+    if (ref_make(&r, c) != 0) {
+      FAIL("CPU reference failed");
+      ref_free(&r);
+      continue;
+    }
+    const gpu_attn_dims d = {c.B, c.S, c.nh, c.nkv, c.hd, c.causal, c.dt};
+    if (!gpu_attention_uses_cudnn(a, &d, 0, 0, 0, 0)) FAIL("MOEC_ATTENTION=cudnn does not take cuDNN at hd %lld", (long long)c.hd);
+    double e[4];
+    run_case(a, &r, PATH_DEFAULT, i == 2, e);
+    report(&r, "cudnn", e, tol_out(c.dt), tol_grad(c.dt));
+    ref_free(&r);
+  }
+  gpu_attention_free(a);
+}
+
 int main(int argc, char **argv) {
   const int quick = argc > 1 && strcmp(argv[1], "--quick") == 0;
+  const int cudnn_only = argc > 1 && strcmp(argv[1], "--cudnn") == 0;
   char err[4096];
   int n = 0;
   if (gpu_driver_load(err, sizeof err) != 0 || gpu_device_count(&n, err, sizeof err) != 0 || n == 0) {
@@ -355,6 +430,18 @@ int main(int argc, char **argv) {
     return 1;
   }
   printf("device: %s (%s), %d SMs\n", gpu_info(G)->name, rt_cuda_arch(K), gpu_info(G)->sm_count);
+  if (cudnn_only) {
+    cudnn_cases(0);
+    if (have_cudnn) {
+      timing(64, 1);
+      timing(128, 1);
+    }
+    gpu_blas_free(BL);
+    rt_cuda_free(K);
+    gpu_close(G);
+    printf("test_gpu_attention --cudnn: %d failures\n", failures);
+    return failures ? 1 : 0;
+  }
   gpu_attention *a = make_attention(NULL, NULL, NULL);
   if (!a) return 1;
   static const int64_t seqs[] = {64, 200, 1024}, heads[][2] = {{16, 8}, {6, 2}}, hds[] = {64, 128};
@@ -423,9 +510,10 @@ int main(int argc, char **argv) {
     if (!any) break;
   }
   for (int i = 0; i < n_keep; i++) ref_free(&keep[i]);
+  cudnn_cases(quick);
   if (!quick) {
-    timing(64);
-    timing(128);
+    timing(64, cudnn_only);
+    timing(128, cudnn_only);
   }
   gpu_blas_free(BL);
   rt_cuda_free(K);
