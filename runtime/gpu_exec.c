@@ -28,7 +28,18 @@ typedef struct {
    * wb_fresh: it equals bf16(w) (cleared when w is uploaded). */
   gpu_ptr wb;
   int wb_fresh;
+  /* wb_ld > 0: the copy is a window of a stacked expert weight (rows of wb_cols elements,
+   * wb_ld apart, inside one of gpu_runtime.stacks), not an allocation of its own */
+  int64_t wb_cols, wb_ld;
 } dev_param;
+
+/* The bf16 copies of a stack's parameters laid out as the stack (gpu_views.h, VIEW_STACKED):
+ * every graph whose stack has the same operands shares it. */
+typedef struct {
+  int *params; /* (n) parameter indices, in the stack's operand order */
+  int n;
+  gpu_ptr p;
+} dev_stack;
 
 #define POOL_CLASSES 48
 struct gpu_runtime {
@@ -38,6 +49,8 @@ struct gpu_runtime {
   gpu_attention *attn;
   rt_params *ps;
   dev_param *dp; /* (ps->n) */
+  dev_stack *stacks;
+  int n_stacks;
   struct {
     gpu_ptr *free;
     int n, cap;
@@ -151,9 +164,14 @@ void gpu_runtime_free(gpu_runtime *rt) {
     gpu_free(rt->g, rt->dp[i].w);
     gpu_free(rt->g, rt->dp[i].m);
     gpu_free(rt->g, rt->dp[i].v);
-    if (rt->dp[i].wb) gpu_free(rt->g, rt->dp[i].wb);
+    if (rt->dp[i].wb && !rt->dp[i].wb_ld) gpu_free(rt->g, rt->dp[i].wb);
   }
   free(rt->dp);
+  for (int i = 0; i < rt->n_stacks; i++) {
+    gpu_free(rt->g, rt->stacks[i].p);
+    free(rt->stacks[i].params);
+  }
+  free(rt->stacks);
   for (int c = 0; c < POOL_CLASSES; c++) {
     for (int j = 0; j < rt->pool[c].n; j++) gpu_free(rt->g, rt->pool[c].free[j]);
     free(rt->pool[c].free);
@@ -203,6 +221,7 @@ typedef struct {
   size_t bytes;   /* pool size class request; 0 = not owned (param, input) */
   int64_t rows;   /* run-time leading dimension */
   int64_t numel;
+  int64_t ld; /* a strided view's row stride in elements (VIEW_STRIDED); 0: rows of its own columns */
   /* an mxfp8_quantize's packed FP8 form (gpu_fp8.h): E4M3 bytes and scales; owned when the
    * sizes are not 0 */
   gpu_ptr q8, s8;
@@ -404,14 +423,34 @@ static int exec_PARAM(gx *x, int id) {
 
 /* cast(param f32 -> bf16): the parameter's persistent bf16 copy (dev_param.wb), cast only
  * when stale; AdamW refreshes it in the same kernel that updates the weight. */
-static int cast_param(gx *x, int id) {
-  int i = x->param_index[N(id)->in[0]];
+/* Parameter i's bf16 copy made fresh (a window of a stacked weight: rows of wb_cols). */
+static int fresh_copy(gx *x, int id, int i) {
   dev_param *p = &x->rt->dp[i];
   int64_t n = x->rt->ps->p[i].numel;
   if (!p->wb && gpu_alloc(x->rt->g, &p->wb, (size_t)n * 2, "the bf16 weight copies") != 0)
     return fail(x, id, "%s", gpu_error(x->rt->g));
-  if (!p->wb_fresh && ck(x, id, rt_cuda_cast(KX, CG_DT_F32, p->w, CG_DT_BF16, p->wb, n)) != 0) return -1;
+  if (!p->wb_fresh && ck(x, id, p->wb_ld ? rt_cuda_copy_cols(KX, CG_DT_F32, CG_DT_BF16, p->w, p->wb_cols, 0, p->wb,
+                                                             p->wb_ld, 0, n / p->wb_cols, p->wb_cols)
+                                         : rt_cuda_cast(KX, CG_DT_F32, p->w, CG_DT_BF16, p->wb, n)) != 0)
+    return -1;
   p->wb_fresh = 1;
+  return 0;
+}
+
+static int cast_param(gx *x, int id) {
+  int i = x->param_index[N(id)->in[0]];
+  dev_param *p = &x->rt->dp[i];
+  int64_t n = x->rt->ps->p[i].numel;
+  if (x->view[id] == VIEW_IN_STACK && !x->keep_all) { /* its stack reads the copy (gpu_views.h) */
+    x->val[id] = (dev_value){.rows = V(id, 0)->rows, .numel = n};
+    return 0;
+  }
+  if (fresh_copy(x, id, i)) return -1;
+  if (p->wb_ld) { /* the copy is a window of a stack: this value is its own */
+    if (alloc_out(x, id, V(id, 0)->rows, 0)) return -1;
+    return ck(x, id, rt_cuda_copy_cols(KX, CG_DT_BF16, CG_DT_BF16, p->wb, p->wb_ld, 0, x->val[id].p, p->wb_cols, 0,
+                                       n / p->wb_cols, p->wb_cols));
+  }
   x->val[id] = (dev_value){.p = p->wb, .rows = V(id, 0)->rows, .numel = n};
   return 0;
 }
@@ -841,14 +880,16 @@ static int exec_CROSS_ENTROPY_BWD(gx *x, int id) {
                                              l->rows, COLS(id)));
 }
 
+/* sizes (3n): the sizes, then each buffer's row width and row stride (rt_cuda_grad_norm_win) */
 static int grad_norm_ep(gx *x, int id, const gpu_ptr *bufs, const cg_dtype *dts, const int64_t *sizes, int n, int k) {
+  const int64_t *cols = sizes + n, *ld = sizes + 2 * n;
   gpu_ptr en = 0;
   float d = 0, e = 0;
   char m[1024];
   if (need_comm(x, id)) return -1;
   if (pool_get(x->rt, 4, &en) != 0) return fail(x, id, "%s", gpu_error(x->rt->g));
-  int rc = ck(x, id, rt_cuda_grad_norm(KX, bufs, dts, sizes, k, x->val[id].p));
-  if (rc == 0) rc = ck(x, id, rt_cuda_grad_norm(KX, bufs + k, dts + k, sizes + k, n - k, en));
+  int rc = ck(x, id, rt_cuda_grad_norm_win(KX, bufs, dts, sizes, cols, ld, k, x->val[id].p));
+  if (rc == 0) rc = ck(x, id, rt_cuda_grad_norm_win(KX, bufs + k, dts + k, sizes + k, cols + k, ld + k, n - k, en));
   if (rc == 0 && (gpu_download(x->rt->g, &d, x->val[id].p, 4) || gpu_download(x->rt->g, &e, en, 4)))
     rc = fail(x, id, "%s", gpu_error(x->rt->g));
   pool_put(x->rt, en, 4);
@@ -863,19 +904,21 @@ static int grad_norm_ep(gx *x, int id, const gpu_ptr *bufs, const cg_dtype *dts,
 static int exec_GRAD_NORM(gx *x, int id) {
   int n = N(id)->n_in;
   gpu_ptr *bufs = malloc((size_t)n * sizeof *bufs);
-  int64_t *sizes = malloc((size_t)n * sizeof *sizes);
+  int64_t *sizes = malloc((size_t)n * 3 * sizeof *sizes), *cols = sizes + n, *ld = sizes + 2 * n;
   cg_dtype *dts = malloc((size_t)n * sizeof *dts);
   int rc = (!bufs || !sizes || !dts) ? fail(x, id, "out of host memory") : alloc_out(x, id, 1, 0);
   for (int i = 0; rc == 0 && i < n; i++) {
     bufs[i] = V(id, i)->p;
     sizes[i] = V(id, i)->numel;
     dts[i] = DT(x, N(id)->in[i]);
+    cols[i] = V(id, i)->ld ? INCOLS(id, i) : 1; /* a window of a stacked gradient (VIEW_STRIDED) */
+    ld[i] = V(id, i)->ld ? V(id, i)->ld : 1;
   }
   /* with sharded experts (operands from expert_from on): sqrt(dense^2 + sum over EP of expert^2),
      the one-rank norm, so every rank clips alike (as cpu_exec; the two norms via the host) */
   int k = (int)ir_get_int(N(id), "expert_from", n);
   if (rc == 0 && k < n) rc = grad_norm_ep(x, id, bufs, dts, sizes, n, k);
-  else if (rc == 0) rc = ck(x, id, rt_cuda_grad_norm(KX, bufs, dts, sizes, n, x->val[id].p));
+  else if (rc == 0) rc = ck(x, id, rt_cuda_grad_norm_win(KX, bufs, dts, sizes, cols, ld, n, x->val[id].p));
   if (rc == 0) x->gnorm = x->val[id].p;
   free(bufs);
   free(sizes);
@@ -889,9 +932,14 @@ static int exec_ADAMW(gx *x, int id) {
   dev_param *p = &x->rt->dp[i];
   rt_cuda_adamw_hp hp = {ck_lr_at(x->step, c->steps, c->warmup, c->lr, c->min_lr, c->schedule), c->beta1, c->beta2,
                          c->adam_eps, ir_get_float(N(id), "weight_decay", 0), x->step, c->clip};
-  x->val[id] = (dev_value){.p = p->w, .rows = N(id)->type.dims[0], .numel = x->rt->ps->p[i].numel};
-  if (ck(x, id, rt_cuda_adamw_step(KX, p->w, DT(x, N(id)->in[1]), V(id, 1)->p, p->m, p->v, p->wb, x->rt->ps->p[i].numel,
-                                   V(id, 2)->p, &hp)) != 0)
+  int64_t n = x->rt->ps->p[i].numel;
+  x->val[id] = (dev_value){.p = p->w, .rows = N(id)->type.dims[0], .numel = n};
+  /* the gradient may be a window of a stacked one, the copy a window of a stacked weight */
+  const dev_value *gv = V(id, 1);
+  rt_cuda_adamw_win win = {gv->ld ? INCOLS(id, 1) : n, gv->ld ? gv->ld : n, p->wb_ld ? p->wb_cols : n,
+                           p->wb_ld ? p->wb_ld : n};
+  if (ck(x, id, rt_cuda_adamw_step_win(KX, p->w, DT(x, N(id)->in[1]), gv->p, p->m, p->v, p->wb, n, V(id, 2)->p, &hp,
+                                       &win)) != 0)
     return -1;
   p->wb_fresh = p->wb != 0;
   return 0;
@@ -963,6 +1011,12 @@ static int exec_STACK(gx *x, int id) {
   const ir_type *t = &N(id)->type;
   int64_t E = t->dims[0], in = t->dims[1], C = t->dims[2], parts = N(id)->n_in / E, c0 = 0;
   size_t es = dsize(t->dtype);
+  if (x->view[id] == VIEW_STACKED) { /* the parameters' copies are the stack: refresh stale ones */
+    for (int j = 0; j < N(id)->n_in; j++)
+      if (fresh_copy(x, id, x->param_index[N(N(id)->in[j])->in[0]])) return -1;
+    x->val[id] = (dev_value){.p = x->rt->dp[x->param_index[N(N(id)->in[0])->in[0]]].wb, .rows = E, .numel = E * in * C};
+    return 0;
+  }
   if (alloc_out(x, id, E, 0)) return -1;
   for (int64_t p = 0; p < parts; p++) {
     int64_t w = INCOLS(id, (int)(p * E));
@@ -983,6 +1037,11 @@ static int exec_UNSTACK(gx *x, int id) {
   size_t es = dsize(N(N(id)->in[0])->type.dtype);
   if (x->view[id] == VIEW_SLAB && !x->keep_all) { /* expert e's slab of the stacked input, not owned */
     x->val[id] = (dev_value){.p = V(id, 0)->p + (gpu_ptr)((size_t)(e * in * C) * es), .rows = in, .numel = in * w};
+    return 0;
+  }
+  if (x->view[id] == VIEW_STRIDED && !x->keep_all) { /* its window of expert e's rows, read with their stride */
+    x->val[id] = (dev_value){.p = V(id, 0)->p + (gpu_ptr)((size_t)(e * in * C + start) * es), .rows = in, .numel = in * w,
+                             .ld = C};
     return 0;
   }
   if (alloc_out(x, id, in, 0)) return -1;
@@ -1371,6 +1430,64 @@ static void hcounts_release(gx *x) {
 
 void gpu_exec_set_comm(gpu_exec *x, gpu_comm *c) { x->comm = c; }
 
+/* Storage for the stacked views (gpu_views.h, VIEW_STACKED): the stack's parameters get their
+ * bf16 copies as windows of one buffer laid out as the stack, which every graph with the same
+ * stack shares. A stack some of whose parameters already have a copy of another layout (or of
+ * their own) stays a copy, its casts values. */
+static int plan_stacks(gx *x, char *err, size_t errlen) {
+  gpu_runtime *rt = x->rt;
+  const ir_graph *g = x->g;
+  for (int id = 0; id < g->n_nodes; id++) {
+    if (x->view[id] != VIEW_STACKED) continue;
+    const ir_node *st = &g->nodes[id];
+    const int n = st->n_in;
+    const int64_t E = st->type.dims[0], in = st->type.dims[1], C = st->type.dims[2];
+    int *pi = malloc((size_t)n * sizeof *pi);
+    dev_stack *ns = realloc(rt->stacks, (size_t)(rt->n_stacks + 1) * sizeof *ns);
+    if (!pi || !ns) {
+      free(pi);
+      snprintf(err, errlen, "out of host memory");
+      return -1;
+    }
+    rt->stacks = ns;
+    for (int j = 0; j < n; j++) pi[j] = x->param_index[g->nodes[st->in[j]].in[0]];
+    int shared = 0, free_copies = n % E == 0;
+    for (int s = 0; s < rt->n_stacks; s++)
+      shared |= rt->stacks[s].n == n && memcmp(rt->stacks[s].params, pi, (size_t)n * sizeof *pi) == 0;
+    for (int j = 0; j < n; j++)
+      free_copies &= !rt->dp[pi[j]].wb && rt->ps->p[pi[j]].numel == in * COLS(st->in[j]);
+    if (shared || !free_copies) {
+      if (!shared) /* a copy after all */
+        for (int j = 0; j < n; j++) x->view[st->in[j]] = VIEW_NONE;
+      if (!shared) x->view[id] = VIEW_NONE;
+      free(pi);
+      continue;
+    }
+    dev_stack *sk = &rt->stacks[rt->n_stacks];
+    if (gpu_alloc(rt->g, &sk->p, (size_t)(E * in * C) * 2, "the stacked bf16 expert weights") != 0) {
+      free(pi);
+      snprintf(err, errlen, "%s", gpu_error(rt->g));
+      return -1;
+    }
+    sk->params = pi;
+    sk->n = n;
+    rt->n_stacks++;
+    /* operand p*E + e is part p of expert e: columns c0 .. c0+w of its rows */
+    for (int64_t part = 0, c0 = 0; part < n / E; part++) {
+      const int64_t w = COLS(st->in[part * E]);
+      for (int64_t e = 0; e < E; e++) {
+        dev_param *dp = &rt->dp[pi[part * E + e]];
+        dp->wb = sk->p + (gpu_ptr)((size_t)(e * in * C + c0) * 2);
+        dp->wb_cols = w;
+        dp->wb_ld = C;
+        dp->wb_fresh = 0;
+      }
+      c0 += w;
+    }
+  }
+  return 0;
+}
+
 gpu_exec *gpu_exec_new(gpu_runtime *rt, const ir_graph *g, char *err, size_t errlen) {
   gx *x = calloc(1, sizeof *x);
   if (!x) return NULL;
@@ -1428,6 +1545,10 @@ gpu_exec *gpu_exec_new(gpu_runtime *rt, const ir_graph *g, char *err, size_t err
     return NULL;
   }
   gpu_views_plan(g, &x->fp8, x->last_use, x->view);
+  if (plan_stacks(x, err, errlen) != 0) {
+    gpu_exec_free(x);
+    return NULL;
+  }
   if (gpu_alloc(rt->g, &x->tokens, (size_t)x->T * 4, "the batch") || gpu_alloc(rt->g, &x->labels, (size_t)x->T * 4, "the batch")) {
     snprintf(err, errlen, "%s", gpu_error(rt->g));
     gpu_exec_free(x);

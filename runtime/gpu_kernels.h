@@ -164,9 +164,20 @@ typedef struct {
  * 0, also gets the updated weight rounded to bf16 (the next step's compute copy). */
 int rt_cuda_adamw_step(rt_cuda *k, gpu_ptr p /* f32 (n) */, cg_dtype gt, gpu_ptr g, gpu_ptr m, gpu_ptr v,
                        gpu_ptr wb /* bf16 (n) or 0 */, int64_t n, gpu_ptr gnorm, const rt_cuda_adamw_hp *hp);
+/* The gradient and the bf16 copy as windows of wider rows (a stacked expert weight): element i
+ * of the weight is g[i / g_cols * g_ld + i % g_cols], likewise wb; n a multiple of both widths.
+ * rt_cuda_adamw_step is this with contiguous ones (win NULL). */
+typedef struct {
+  int64_t g_cols, g_ld, wb_cols, wb_ld;
+} rt_cuda_adamw_win;
+int rt_cuda_adamw_step_win(rt_cuda *k, gpu_ptr p, cg_dtype gt, gpu_ptr g, gpu_ptr m, gpu_ptr v, gpu_ptr wb, int64_t n,
+                           gpu_ptr gnorm, const rt_cuda_adamw_hp *hp, const rt_cuda_adamw_win *win);
 /* *norm (f32 on the device) = global L2 norm of n_bufs buffers, buffer i of dtype dts[i]. */
 int rt_cuda_grad_norm(rt_cuda *k, const gpu_ptr *bufs, const cg_dtype *dts, const int64_t *sizes, int n_bufs,
                       gpu_ptr norm);
+/* The same with buffer i read as rows of cols[i] elements, ld[i] apart (cols NULL: contiguous). */
+int rt_cuda_grad_norm_win(rt_cuda *k, const gpu_ptr *bufs, const cg_dtype *dts, const int64_t *sizes,
+                          const int64_t *cols, const int64_t *ld, int n_bufs, gpu_ptr norm);
 
 /* ---- expert-sorted ops (ck_grouped.h): the fusion passes' ops. Counts (i32 (E)) are read on
  * the device; S = T*kk sorted rows; grids are sized by S, never by the counts. ---- */

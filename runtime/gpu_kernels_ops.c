@@ -415,7 +415,16 @@ int rt_cuda_label_count(rt_cuda *k, gpu_ptr labels, gpu_ptr n, int64_t T) {
 
 int rt_cuda_adamw_step(rt_cuda *k, gpu_ptr p, cg_dtype gt, gpu_ptr g, gpu_ptr m, gpu_ptr v, gpu_ptr wb, int64_t n,
                        gpu_ptr gnorm, const rt_cuda_adamw_hp *hp) {
+  return rt_cuda_adamw_step_win(k, p, gt, g, m, v, wb, n, gnorm, hp, NULL);
+}
+
+int rt_cuda_adamw_step_win(rt_cuda *k, gpu_ptr p, cg_dtype gt, gpu_ptr g, gpu_ptr m, gpu_ptr v, gpu_ptr wb, int64_t n,
+                           gpu_ptr gnorm, const rt_cuda_adamw_hp *hp, const rt_cuda_adamw_win *win) {
   char name[64];
+  int64_t gc = win ? win->g_cols : 1, gl = win ? win->g_ld : 1, wc = win ? win->wb_cols : 1, wl = win ? win->wb_ld : 1;
+  if (gc < 1 || gl < gc || wc < 1 || wl < wc || n % gc != 0 || n % wc != 0)
+    return rtk_fail(k, "adamw: windows of %lld of %lld (gradient), %lld of %lld (bf16 copy) for %lld elements (%s)",
+                    (long long)gc, (long long)gl, (long long)wc, (long long)wl, (long long)n, ck_strerror(CK_ESHAPE));
   KN("adamw", 1, gt);
   /* the scalars exactly as ck_adamw_step forms them */
   float decay = (float)(1.0 - hp->lr * hp->wd);
@@ -426,18 +435,27 @@ int rt_cuda_adamw_step(rt_cuda *k, gpu_ptr p, cg_dtype gt, gpu_ptr g, gpu_ptr m,
   float clip = hp->clip > 0 ? (float)hp->clip : 0.0f;
   return rtk_launch(k, CG_FAM_OPTIM, NULL, name, rtk_vec_blocks(n), 1, CG_NT_EW,
                     ARGS(&p, &g, &m, &v, &wb, &n, &gnorm, &clip, &decay, &w1, &b2, &c2, &neg_step, &bc2_sqrt, &eps, &small,
-                         &decay_on));
+                         &decay_on, &gc, &gl, &wc, &wl));
 }
 
 /* The launch parameter block of moec_sumsq_table (codegen/cg_optim.c's gn_table). */
 typedef struct {
   gpu_ptr p[CG_GN_TABLE];
-  int64_t n[CG_GN_TABLE];
+  int64_t n[CG_GN_TABLE], c[CG_GN_TABLE], l[CG_GN_TABLE];
 } gn_table;
 
 int rt_cuda_grad_norm(rt_cuda *k, const gpu_ptr *bufs, const cg_dtype *dts, const int64_t *sizes, int n_bufs,
                       gpu_ptr norm) {
+  return rt_cuda_grad_norm_win(k, bufs, dts, sizes, NULL, NULL, n_bufs, norm);
+}
+
+int rt_cuda_grad_norm_win(rt_cuda *k, const gpu_ptr *bufs, const cg_dtype *dts, const int64_t *sizes,
+                          const int64_t *cols, const int64_t *ld, int n_bufs, gpu_ptr norm) {
   char name[64];
+  for (int i = 0; cols && i < n_bufs; i++)
+    if (cols[i] < 1 || ld[i] < cols[i] || sizes[i] % cols[i] != 0)
+      return rtk_fail(k, "grad norm: tensor %d of %lld elements in rows of %lld, %lld apart (%s)", i,
+                      (long long)sizes[i], (long long)cols[i], (long long)ld[i], ck_strerror(CK_ESHAPE));
   int64_t parts = (int64_t)n_bufs * CG_GN_PARTS;
   gpu_ptr ws = 0;
   if (rtk_scratch(k, (size_t)(parts > 0 ? parts : 1) * sizeof(double), &ws) != 0) return -1;
@@ -450,6 +468,8 @@ int rt_cuda_grad_norm(rt_cuda *k, const gpu_ptr *bufs, const cg_dtype *dts, cons
     for (; i + nt < n_bufs && nt < CG_GN_TABLE && dts[i + nt] == dts[i]; nt++) {
       t.p[nt] = bufs[i + nt];
       t.n[nt] = sizes[i + nt];
+      t.c[nt] = cols ? cols[i + nt] : 1;
+      t.l[nt] = cols ? ld[i + nt] : 1;
     }
     gpu_ptr part = ws + (gpu_ptr)i * CG_GN_PARTS * sizeof(double);
     KN("sumsq_table", 1, dts[i]);

@@ -21,13 +21,45 @@ static int reads_cast(const ir_graph *g, const gpu_fp8_plan *fp8, int id) {
   return n->op == OP_MXFP8_QUANTIZE && !fp8->values[id] && ((k == FP8_ROWS && n->n_in == 1) || k == FP8_COLS);
 }
 
+static int only_read_by_grads(const ir_graph *g, int v) {
+  for (int id = v + 1; id < g->n_nodes; id++)
+    for (int j = 0; j < g->nodes[id].n_in; j++)
+      if (g->nodes[id].in[j] == v && !(g->nodes[id].op == OP_GRAD_NORM || (g->nodes[id].op == OP_ADAMW && j == 1)))
+        return 0;
+  return 1;
+}
+
+/* A stack whose every operand is a cast f32 -> bf16 of a parameter (distinct ones), read by
+ * the stack alone, and whose readers all run before any AdamW updates one of those parameters
+ * (AdamW rewrites the copies in place). */
+static int stack_of_param_casts(const ir_graph *g, const int *last_use, int s) {
+  const ir_node *st = &g->nodes[s];
+  if (st->type.dtype != DT_BF16 || st->type.rank != 3 || st->n_in < 1) return 0;
+  for (int j = 0; j < st->n_in; j++) {
+    int c = st->in[j];
+    const ir_node *cn = &g->nodes[c];
+    if (cn->op != OP_CAST || cn->type.dtype != DT_BF16 || g->nodes[cn->in[0]].op != OP_PARAM ||
+        g->nodes[cn->in[0]].type.dtype != DT_F32 || last_use[c] != s)
+      return 0;
+    for (int k = 0; k < j; k++)
+      if (g->nodes[st->in[k]].in[0] == cn->in[0]) return 0;
+    for (int id = s + 1; id < g->n_nodes; id++) /* any reader of c besides the stack */
+      for (int k = 0; k < g->nodes[id].n_in; k++) {
+        if (g->nodes[id].in[k] == c) return 0;
+        if (g->nodes[id].op == OP_ADAMW && k == 0 && g->nodes[id].in[0] == cn->in[0] && id <= last_use[s]) return 0;
+      }
+  }
+  return 1;
+}
+
 /* The candidates:
  * - slice_cols read only in place (grouped_mlp_bwd's f32 pieces, cast to bf16 for the GEMMs;
  *   grouped_mlp's saved gate_up, quantized);
  * - an mxfp8_dequantize that no FP8 site skips, e4m3 -> bf16;
  * - a cast f32 -> bf16 (of grouped_mlp_bwd's pieces) read only by FP8-packing quantizes;
  * - an unstack of an expert's whole rows in the stacked dtype (the down projection's weight
- *   gradient). */
+ *   gradient), or of a column window read only by the optimizer (gate and up);
+ * - a stack of parameter casts (the expert weights), and those casts. */
 void gpu_views_plan(const ir_graph *g, const gpu_fp8_plan *fp8, int *last_use, uint8_t *view) {
   for (int id = 0; id < g->n_nodes; id++) {
     const ir_node *nd = &g->nodes[id];
@@ -39,9 +71,15 @@ void gpu_views_plan(const ir_graph *g, const gpu_fp8_plan *fp8, int *last_use, u
                    ? VIEW_ALIAS
                : nd->op == OP_CAST && g->nodes[in0].op != OP_PARAM && ti == DT_F32 && to == DT_BF16 ? VIEW_CAST
                : nd->op == OP_UNSTACK && ti == to && cols(nd) == cols(&g->nodes[in0]) ? VIEW_SLAB
-                                                                                     : VIEW_NONE;
+               : nd->op == OP_UNSTACK && ti == to && only_read_by_grads(g, id)    ? VIEW_STRIDED
+               : nd->op == OP_STACK && stack_of_param_casts(g, last_use, id)      ? VIEW_STACKED
+                                                                                   : VIEW_NONE;
+    if (view[id] == VIEW_STACKED)
+      for (int j = 0; j < nd->n_in; j++) view[nd->in[j]] = VIEW_IN_STACK;
   }
   for (int i = 0; i < g->n_outputs; i++) view[g->outputs[i]] = VIEW_NONE;
+  for (int id = 0; id < g->n_nodes; id++) /* a cast whose stack is no view (an output) writes its value */
+    if (view[id] == VIEW_IN_STACK && view[last_use[id]] != VIEW_STACKED) view[id] = VIEW_NONE;
   for (int id = 0; id < g->n_nodes; id++)
     for (int j = 0; j < g->nodes[id].n_in; j++) {
       int v = g->nodes[id].in[j];
@@ -52,13 +90,13 @@ void gpu_views_plan(const ir_graph *g, const gpu_fp8_plan *fp8, int *last_use, u
      through the link above it, and the root holds the memory */
   for (int id = 0; id < g->n_nodes; id++)
     for (int j = 0; j < g->nodes[id].n_in; j++)
-      for (int v = g->nodes[id].in[j]; view[v]; v = g->nodes[v].in[0]) {
+      for (int v = g->nodes[id].in[j]; view[v] && view[v] < VIEW_STACKED; v = g->nodes[v].in[0]) {
         int src = g->nodes[v].in[0];
         if (last_use[src] < id) last_use[src] = id;
       }
 }
 
 int gpu_view_root(const ir_graph *g, const uint8_t *view, int v) {
-  while (view[v]) v = g->nodes[v].in[0];
+  while (view[v] && view[v] < VIEW_STACKED) v = g->nodes[v].in[0];
   return v;
 }

@@ -538,6 +538,49 @@ static void test_optim(void) {
     free(p), free(g), free(m), free(v), free(got);
     dfree_all();
   }
+  /* a stacked expert weight's window: the gradient (f32 and bf16) a window of rows 80 wide,
+     the bf16 copy one of rows 96 wide (columns 16..63), as the executor's stacked weights */
+  for (int gi = 0; gi < 2; gi++) {
+    const cg_dtype gt = gi ? CG_DT_BF16 : CG_DT_F32;
+    const int64_t R = 37, C = 48, GL = 80, WL = 96, WO = 16, nw = R * C;
+    float *p = rnd(nw, -1, 1, CG_DT_F32), *g = rnd(nw, -1, 1, gt), *m = rnd(nw, -0.1f, 0.1f, CG_DT_F32);
+    float *v = rnd(nw, 1e-6f, 1e-2f, CG_DT_F32), *gw = rnd(R * GL, -5, 5, gt), *wbh = rnd(R * WL, -5, 5, CG_DT_BF16);
+    float *got = falloc(R * WL);
+    for (int64_t r = 0; r < R; r++)
+      for (int64_t c = 0; c < C; c++) gw[r * GL + c] = g[r * C + c];
+    gpu_ptr dp = up_f(p, nw, CG_DT_F32), dg = up_f(gw, R * GL, gt), dm = up_f(m, nw, CG_DT_F32), dv = up_f(v, nw, CG_DT_F32);
+    gpu_ptr dwb = up_f(wbh, R * WL, CG_DT_BF16), dn = up_f(&cs[0].norm, 1, CG_DT_F32);
+    ck_adamw_step(p, g, m, v, nw, 5, ck_clip_coef(cs[0].norm, 1.0), 3e-4, 0.9, 0.95, 1e-8, 0.1);
+    rt_cuda_adamw_hp hp = {3e-4, 0.9, 0.95, 1e-8, 0.1, 5, 1.0};
+    rt_cuda_adamw_win win = {C, GL, C, WL};
+    RUN(rt_cuda_adamw_step_win(K, dp, gt, dg, dm, dv, dwb + (gpu_ptr)WO * 2, nw, dn, &hp, &win));
+    char what[96];
+    snprintf(what, sizeof what, "adamw on windows (grad %s, rows %lld of %lld; copy of %lld): p", cg_dtype_name(gt),
+             (long long)C, (long long)GL, (long long)WL);
+    get_f(got, dp, nw, CG_DT_F32);
+    cmp(what, got, p, nw, CG_DT_F32, -1, 0);
+    get_f(got, dm, nw, CG_DT_F32);
+    cmp("  m", got, m, nw, CG_DT_F32, -1, 0);
+    /* the copy's window holds the rounded weights, and nothing outside it changed */
+    get_f(got, dwb, R * WL, CG_DT_BF16);
+    for (int64_t r = 0; r < R; r++)
+      for (int64_t c = 0; c < WL; c++) {
+        int in = c >= WO && c < WO + C;
+        if (in) wbh[r * WL + c] = ck_bf16_to_float(ck_float_to_bf16(p[r * C + c - WO]));
+      }
+    cmp("  bf16 copy window (and the rest unchanged)", got, wbh, R * WL, CG_DT_BF16, -1, 0);
+    /* the norm of the window alone, the rest of the rows ignored */
+    const float *gb[1] = {g};
+    int64_t gsz[1] = {nw}, gc[1] = {C}, gld[1] = {GL};
+    float want = (float)ck_grad_norm(gb, gsz, 1), gotn = 0;
+    RUN(rt_cuda_grad_norm_win(K, &dg, &gt, gsz, gc, gld, 1, dn));
+    get_f(&gotn, dn, 1, CG_DT_F32);
+    snprintf(what, sizeof what, "grad norm of a window (%s, rows %lld of %lld)", cg_dtype_name(gt), (long long)C,
+             (long long)GL);
+    cmp(what, &gotn, &want, 1, CG_DT_F32, 1e-6, 0);
+    free(p), free(g), free(m), free(v), free(gw), free(wbh), free(got);
+    dfree_all();
+  }
   /* global norm over buffers of assorted sizes (one empty), f32 and bf16 mixed */
   int64_t sizes[] = {1000, 1, 0, 70001, 4096};
   const cg_dtype gdt[] = {CG_DT_F32, CG_DT_BF16, CG_DT_F32, CG_DT_BF16, CG_DT_F32};

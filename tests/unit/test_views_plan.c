@@ -6,6 +6,10 @@
  *   a dequantize is an alias; the down projection's weight gradients are slabs;
  * - every view's chain lives until the view's readers, no view is a graph output, and every
  *   reader of a window or cast view is one that can read in place;
+ * - the gate/up weight gradients are strided windows read by adamw and grad_norm alone; the
+ *   expert weights' stacks read the parameters' persistent bf16 copies (stacked views), each of
+ *   their casts writes nothing, and no AdamW of those parameters runs before the stack's last
+ *   reader;
  * - without FP8 (bf16) no cast view, the other kinds still. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,14 +21,14 @@
 #include "tiny_step.h"
 
 /* Counts of each view kind in g's plan (fp8 on or off), after checking its invariants. */
-static void check_plan(const char *precision, int fp8_on, int counts[5]) {
+static void check_plan(const char *precision, int fp8_on, int counts[8]) {
   ir_graph *g = tiny_step(precision);
   int *last = tiny_last_uses(g, 1);
   gpu_fp8_plan p;
   CHECK(gpu_fp8_plan_new(g, fp8_on, last, &p) == 0, "fp8 plan");
   uint8_t *view = calloc((size_t)g->n_nodes + 1, 1);
   gpu_views_plan(g, &p, last, view);
-  memset(counts, 0, 5 * sizeof *counts);
+  memset(counts, 0, 8 * sizeof *counts);
   for (int id = 0; id < g->n_nodes; id++) counts[view[id]]++;
   for (int i = 0; i < g->n_outputs; i++) CHECK(!view[g->outputs[i]], "output %%%d is a view", g->outputs[i]);
   for (int id = 0; id < g->n_nodes; id++) {
@@ -37,16 +41,34 @@ static void check_plan(const char *precision, int fp8_on, int counts[5]) {
       if (view[v] == VIEW_WINDOW)
         CHECK(n->op == OP_CAST || (n->op == OP_MXFP8_QUANTIZE && (p.kind[id] == FP8_NONE || p.kind[id] == FP8_STORE)),
               "%%%d (%s) reads the window %%%d", id, ir_ops[n->op].name, v);
-      for (int u = v; view[u]; u = g->nodes[u].in[0])
+      if (view[v] == VIEW_STRIDED)
+        CHECK(n->op == OP_GRAD_NORM || (n->op == OP_ADAMW && j == 1), "%%%d (%s) reads the strided gradient %%%d", id,
+              ir_ops[n->op].name, v);
+      if (view[v] == VIEW_IN_STACK)
+        CHECK(n->op == OP_STACK && view[id] == VIEW_STACKED, "%%%d (%s) reads the stacked cast %%%d", id,
+              ir_ops[n->op].name, v);
+      if (view[v] == VIEW_STACKED)
+        for (int k = 0; k < g->nodes[v].n_in; k++) {
+          int par = g->nodes[g->nodes[v].in[k]].in[0];
+          for (int a = 0; a < id; a++)
+            CHECK(!(g->nodes[a].op == OP_ADAMW && g->nodes[a].in[0] == par),
+                  "%%%d reads the stacked %%%d after %%%d updated its parameter %%%d", id, v, a, par);
+        }
+      for (int u = v; view[u] && view[u] < VIEW_STACKED; u = g->nodes[u].in[0])
         CHECK(last[g->nodes[u].in[0]] >= id, "%%%d reads view %%%d, whose link %%%d is freed after %%%d", id, v,
               g->nodes[u].in[0], last[g->nodes[u].in[0]]);
     }
     if (view[id] == VIEW_ALIAS) CHECK(!p.skip[id], "%%%d: a skipped dequantize made an alias", id);
+    if (view[id] == VIEW_STACKED)
+      for (int j = 0; j < n->n_in; j++)
+        CHECK(view[n->in[j]] == VIEW_IN_STACK && g->nodes[g->nodes[n->in[j]].in[0]].op == OP_PARAM,
+              "stacked %%%d: operand %%%d is not a parameter's cast in the stack", id, n->in[j]);
     if (n->op == OP_MXFP8_DEQUANTIZE && p.kind[n->in[0]] == FP8_STORE)
       CHECK(!view[id], "%%%d expands the stored %%%d, yet is a view", id, n->in[0]);
   }
-  printf("%-18s fp8 %s: %d windows, %d aliases, %d cast views, %d slabs\n", precision, fp8_on ? "on " : "off",
-         counts[VIEW_WINDOW], counts[VIEW_ALIAS], counts[VIEW_CAST], counts[VIEW_SLAB]);
+  printf("%-18s fp8 %s: %d windows, %d aliases, %d cast views, %d slabs, %d strided, %d stacked (%d casts)\n",
+         precision, fp8_on ? "on " : "off", counts[VIEW_WINDOW], counts[VIEW_ALIAS], counts[VIEW_CAST], counts[VIEW_SLAB],
+         counts[VIEW_STRIDED], counts[VIEW_STACKED], counts[VIEW_IN_STACK]);
   free(view);
   free(last);
   gpu_fp8_plan_free(&p);
@@ -54,16 +76,20 @@ static void check_plan(const char *precision, int fp8_on, int counts[5]) {
 }
 
 int main(void) {
-  int c[5];
+  int c[8];
   check_plan("mxfp8(block=128)", 1, c);
   /* the saved gate_up is stored packed (FP8_STORE): its dequantize expands it, no alias */
   CHECK(c[VIEW_WINDOW] > 0 && c[VIEW_ALIAS] == 0 && c[VIEW_CAST] > 0 && c[VIEW_SLAB] > 0,
         "mxfp8(block=128) with FP8: windows, cast views and slabs, no alias");
+  /* tiny: 2 layers x (gate_up, down) stacks of 4 experts; 2 x 8 gate/up gradient windows */
+  CHECK(c[VIEW_STACKED] == 4 && c[VIEW_IN_STACK] == 4 * 4 + 2 * 4 && c[VIEW_STRIDED] == 2 * 8,
+        "mxfp8(block=128): 4 stacked weights of 24 casts, 16 strided gradients");
   check_plan("mxfp8(block=128)", 0, c);
   CHECK(c[VIEW_CAST] == 0 && c[VIEW_ALIAS] > 0, "without FP8 GEMMs: no cast view, dequantize aliases");
   check_plan("bf16", 0, c);
-  CHECK(c[VIEW_CAST] == 0 && c[VIEW_ALIAS] == 0 && c[VIEW_WINDOW] > 0 && c[VIEW_SLAB] > 0,
-        "bf16: windows and slabs only");
+  CHECK(c[VIEW_CAST] == 0 && c[VIEW_ALIAS] == 0 && c[VIEW_WINDOW] > 0 && c[VIEW_SLAB] > 0 && c[VIEW_STACKED] == 4 &&
+            c[VIEW_STRIDED] == 16,
+        "bf16: windows, slabs, strided gradients and stacked weights only");
   if (failures) {
     printf("test_views_plan: %d failures\n", failures);
     return 1;
