@@ -17,6 +17,8 @@
 #   og2fp8   og2_8x1b mxfp8(block=128) fused (FP8 expert GEMMs) + peer          [240 s]
 #   fp8      genos_1b mxfp8(block=128) fused: FP8 expert GEMMs, then MOEC_FP8_GEMM=0 [300 s]
 #   fp8prof  genos_1b mxfp8(block=128) fused with MOEC_PROFILE=1 (runs the peer if genos did not) [150 s]
+#   stack    genos_1b mxfp8(block=128) fused, weights kept stacked and MOEC_STACK_VIEWS=0 (stacks
+#            copied, gradients unstacked), side by side (reuses the peer of genos or fp8prof) [250 s]
 #   ggemm    bench/grouped_gemm.sh: expert GEMMs bf16 / fp8 vs torch._grouped_mm [150 s]
 #   long     genos_1b at seq 131,072, batch 1 (issue 6): moec mxfp8(block=128) fused and bf16,
 #            4 steps each, then the peer at the same length (expected to run out of memory) [300 s]
@@ -84,6 +86,10 @@ for part in "${parts[@]}"; do
     peer_from "$L/genos" "$L/fp8prof"
     bench LOGDIR=$L/fp8prof PEER_SKIP=1 PRECISION='mxfp8(block=128)' MOEC_ARGS=$FUSED_MX MOEC_PROFILE=1 timeout 150 bash bench/run_bench.sh genos_1b
     grep -A30 "GPU profile" "$L/fp8prof/moec_genos_1b.out" | head -30 ;;
+  stack)
+    for d in stack stack_off; do peer_from "$L/genos" "$L/$d"; peer_from "$L/fp8prof" "$L/$d"; done
+    bench LOGDIR=$L/stack PEER_SKIP=1 PRECISION='mxfp8(block=128)' MOEC_ARGS=$FUSED_MX timeout 120 bash bench/run_bench.sh genos_1b
+    bench LOGDIR=$L/stack_off PEER_SKIP=1 PRECISION='mxfp8(block=128)' MOEC_ARGS=$FUSED_MX MOEC_STACK_VIEWS=0 timeout 120 bash bench/run_bench.sh genos_1b ;;
   ggemm)
     BENCH=$C/bench_grouped_gemm timeout 150 bash bench/grouped_gemm.sh 20 "$L/ggemm" ;;
   chr20)

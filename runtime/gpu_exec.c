@@ -1437,8 +1437,15 @@ void gpu_exec_set_comm(gpu_exec *x, gpu_comm *c) { x->comm = c; }
 static int plan_stacks(gx *x, char *err, size_t errlen) {
   gpu_runtime *rt = x->rt;
   const ir_graph *g = x->g;
+  const char *env = getenv("MOEC_STACK_VIEWS"); /* 0: stacks copy (for side-by-side timing) */
+  const int off = env && strcmp(env, "0") == 0;
   for (int id = 0; id < g->n_nodes; id++) {
-    if (x->view[id] != VIEW_STACKED) continue;
+    if (x->view[id] != VIEW_STACKED && !(off && x->view[id] == VIEW_STRIDED)) continue;
+    if (off) {
+      for (int j = 0; x->view[id] == VIEW_STACKED && j < g->nodes[id].n_in; j++) x->view[g->nodes[id].in[j]] = VIEW_NONE;
+      x->view[id] = VIEW_NONE;
+      continue;
+    }
     const ir_node *st = &g->nodes[id];
     const int n = st->n_in;
     const int64_t E = st->type.dims[0], in = st->type.dims[1], C = st->type.dims[2];
