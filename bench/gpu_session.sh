@@ -7,6 +7,10 @@
 #   step     test_gpu_step: tiny and l0_sanity, 20 steps against the CPU        [300 s]
 #   steptiny test_gpu_step on tiny only (MOEC_GPU_STEP_ONLY=tiny)                [120 s]
 #   parallel test_gpu_parallel: dp=2, ep=2, ep=2 x dp=2 vs one rank (host-staged; NCCL with 2+ GPUs) [300 s]
+#   cudnn    test_gpu_attention --cudnn: cuDNN's fused attention against the CPU, timed against
+#            flash (needs test_gpu_attention in the carry); on a failure again with MOEC_CUDNN_DEBUG=1 [150 s]
+#   attn     genos_1b mxfp8(block=128) fused with MOEC_ATTENTION=cudnn (reuses the peer; compare
+#            with stack's or fp8prof's moec row)                                 [120 s]
 #   determinism  l0_sanity 300 steps on chr20, twice with MOEC_DETERMINISTIC=1 and twice
 #            without, side by side: are the logs (loss, grad norm, val) identical? [120 s]
 # benchmarks (bench/run_bench.sh: moec and the peer in the same call)
@@ -31,7 +35,7 @@
 # about 8 files come back, so session.log carries every table.
 #   here:  scripts/gpu_bundle.sh build --with-moec && rm -rf .dev/carry && mkdir .dev/carry &&
 #          cp -r build/gpu-carry/gpu-libs .dev/carry/ && for f in moec test_gpu_kernels test_gpu_step
-#          test_gpu_parallel test_gpu_nccl; do cp build/gpu-carry/$f .dev/carry/ && strip .dev/carry/$f;
+#          test_gpu_parallel test_gpu_nccl test_gpu_attention; do cp build/gpu-carry/$f .dev/carry/ && strip .dev/carry/$f;
 #          done && cp ../shared/peers/hf_mixtral_bench.py data/chr20.fa.gz .dev/carry/
 #          (carry .dev; with the working tree it must stay under 64 MiB: 61 + 4.5 MB here)
 #   there: OUT=$OUT bash bench/gpu_session.sh .dev/carry kernels steptiny parallel fp8prof og2fp8
@@ -64,6 +68,17 @@ for part in "${parts[@]}"; do
   parallel)
     env MOEC=$C/moec timeout 300 stdbuf -oL "$C/test_gpu_parallel" >"$L/parallel.log" 2>&1; echo "rc $?"
     grep "vs one rank\|FAIL\|SKIP\|gpu_comm\|test_gpu_parallel" "$L/parallel.log" | head -20 ;;
+  cudnn)
+    timeout 100 "$C/test_gpu_attention" --cudnn >"$L/cudnn.log" 2>&1; rc=$?; echo "rc $rc"
+    grep -i "cudnn\|fail\|ms" "$L/cudnn.log" | head -30
+    if [ $rc != 0 ]; then
+      MOEC_CUDNN_DEBUG=1 timeout 45 "$C/test_gpu_attention" --cudnn >"$L/cudnn_debug.log" 2>&1
+      grep -v "^ *$" "$L/cudnn_debug.log" | grep -i -B2 -A2 "error\|fail\|status" | head -60
+    fi ;;
+  attn)
+    peer_from "$L/genos" "$L/attn"; peer_from "$L/fp8prof" "$L/attn"
+    bench LOGDIR=$L/attn PEER_SKIP=1 PRECISION='mxfp8(block=128)' MOEC_ARGS=$FUSED_MX MOEC_ATTENTION=cudnn timeout 120 bash bench/run_bench.sh genos_1b
+    grep -i "error\|cudnn" "$L/attn/moec_genos_1b.out" | head -5 ;;
   genos)
     bench LOGDIR=$L/genos timeout 200 bash bench/run_bench.sh genos_1b ;;
   profile)
@@ -85,7 +100,7 @@ for part in "${parts[@]}"; do
   fp8prof)
     peer_from "$L/genos" "$L/fp8prof"
     bench LOGDIR=$L/fp8prof PEER_SKIP=1 PRECISION='mxfp8(block=128)' MOEC_ARGS=$FUSED_MX MOEC_PROFILE=1 timeout 150 bash bench/run_bench.sh genos_1b
-    grep -A30 "GPU profile" "$L/fp8prof/moec_genos_1b.out" | head -30 ;;
+    grep -A40 "GPU profile" "$L/fp8prof/moec_genos_1b.out" | head -44 ;;
   stack)
     for d in stack stack_off; do peer_from "$L/genos" "$L/$d"; peer_from "$L/fp8prof" "$L/$d"; done
     bench LOGDIR=$L/stack PEER_SKIP=1 PRECISION='mxfp8(block=128)' MOEC_ARGS=$FUSED_MX timeout 120 bash bench/run_bench.sh genos_1b

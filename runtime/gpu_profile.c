@@ -103,9 +103,13 @@ void gpu_profile_print(const gpu_profile *p, FILE *out) {
   sort_key = p->node_ms;
   qsort(nodes, (size_t)n, sizeof nodes[0], by_time_desc);
   fprintf(out, "  slowest ops:\n");
-  for (int k = 0; k < 12 && k < n; k++) {
+  for (int k = 0; k < 16 && k < n; k++) {
     const ir_node *nd = &p->graph->nodes[nodes[k]];
-    fprintf(out, "  %%%-6d %-20s %9.3f ms  %s:%d\n", nodes[k], ir_ops[nd->op].name, p->node_ms[nodes[k]] / p->steps,
+    char ty[96], in0[96];
+    ir_type_str(p->graph, &nd->type, ty, sizeof ty);
+    ir_type_str(p->graph, nd->n_in ? &p->graph->nodes[nd->in[0]].type : &nd->type, in0, sizeof in0);
+    fprintf(out, "  %%%-6d %-20s %9.3f ms  %s <- %s, axis %lld  %s:%d\n", nodes[k], ir_ops[nd->op].name,
+            p->node_ms[nodes[k]] / p->steps, ty, in0, (long long)ir_get_int(nd, "axis", -1),
             nd->loc.file ? nd->loc.file : "?", nd->loc.line);
   }
   free(nodes);
