@@ -422,10 +422,12 @@ static int cmd_compile(int argc, char **argv) {
            b.sources.n == 1 ? "" : "s", g->cfg.data, c.out);
     memplan mp;
     memplan_estimate(g, &mp);
-    char t[32], p[32], o[32], a[32];
-    printf("predicted peak GPU memory: %s (weights %s, AdamW moments %s, activations %s at most)\n",
+    char t[32], p[32], o[32], c[32], a[32];
+    printf("predicted peak GPU memory: %s (weights %s, AdamW moments %s, bf16 weight copies %s, activations %s at "
+           "most)\n",
            gpu_fmt_bytes((size_t)mp.total, t, sizeof t), gpu_fmt_bytes((size_t)mp.params, p, sizeof p),
-           gpu_fmt_bytes((size_t)mp.optimizer, o, sizeof o), gpu_fmt_bytes((size_t)mp.activations, a, sizeof a));
+           gpu_fmt_bytes((size_t)mp.optimizer, o, sizeof o), gpu_fmt_bytes((size_t)mp.copies, c, sizeof c),
+           gpu_fmt_bytes((size_t)mp.activations, a, sizeof a));
     rc = 0;
   }
 done:

@@ -200,3 +200,15 @@ int ir_add(ir_graph *g, ir_op op, const int *in, int n_in, const ir_attr *attrs,
 void ir_set_note(ir_graph *g, int id, const char *note) {
   if (id >= 0 && id < g->n_nodes) g->nodes[id].note = ir_intern(g, note);
 }
+
+int ir_is_weight(const ir_graph *g, int v) {
+  const ir_node *n = &g->nodes[v];
+  if (n->op == OP_PARAM) return 1;
+  if (n->op == OP_CAST) return g->nodes[n->in[0]].op == OP_PARAM;
+  if (n->op != OP_STACK || n->n_in < 1) return 0;
+  for (int j = 0; j < n->n_in; j++) {
+    const ir_node *c = &g->nodes[n->in[j]];
+    if (!(c->op == OP_PARAM || (c->op == OP_CAST && g->nodes[c->in[0]].op == OP_PARAM))) return 0;
+  }
+  return 1;
+}

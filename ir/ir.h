@@ -135,6 +135,10 @@ void ir_print_dot(const ir_graph *g, FILE *out);
 /* Number of elements, using symbol bounds for run-time sizes. */
 int64_t ir_type_numel_bound(const ir_graph *g, const ir_type *t);
 
+/* A weight: a parameter, its cast (the bf16 compute copy), or a stack of parameter casts (the
+ * expert weights of a layer). Values the GPU keeps between steps, at hand the whole step. */
+int ir_is_weight(const ir_graph *g, int v);
+
 /* Columns of grouped_mlp_bwd's f32 result: d gate_up (2F) | act (F) | d p (1), padded with
  * zeros to a multiple of 8, so that every row of it starts 32-byte aligned (the GPU reads its
  * column windows in place, 16 bytes at a time). */

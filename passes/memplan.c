@@ -48,6 +48,10 @@ void memplan_estimate(const ir_graph *g, memplan *out) {
       out->params += bytes;
       continue;
     }
+    if (ir_is_weight(g, id)) { /* a bf16 copy (or a stack of them): kept between steps */
+      if (nd->op == OP_CAST) out->copies += bytes;
+      continue;
+    }
     has_adamw |= nd->op == OP_ADAMW;
     if (nd->op == OP_ADAMW) continue; /* updates its parameter in place */
     live += bytes;
@@ -59,13 +63,13 @@ void memplan_estimate(const ir_graph *g, memplan *out) {
     for (int j = 0; j < nd->n_in; j++) {
       int v = nd->in[j];
       const ir_node *src = &g->nodes[v];
-      if (last[v] != id || src->op == OP_PARAM || src->op == OP_ADAMW) continue;
+      if (last[v] != id || ir_is_weight(g, v) || src->op == OP_ADAMW) continue;
       int dup = 0; /* an operand listed twice is freed once */
       for (int k = 0; k < j; k++) dup |= nd->in[k] == v;
       if (!dup) live -= ir_type_numel_bound(g, &src->type) * dtype_bytes(src->type.dtype);
     }
   }
   out->optimizer = has_adamw ? 2 * out->params : 0;
-  out->total = out->params + out->optimizer + out->activations;
+  out->total = out->params + out->optimizer + out->copies + out->activations;
   free(last);
 }

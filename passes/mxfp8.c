@@ -9,6 +9,9 @@
  * Hopper the dequantize lives in the GEMM's main loop, or feeds FP8 MMAs with per-128 scales),
  * and it is emitted right before its reader, while the quantize comes right after the value
  * it quantizes, so a value saved for the backward lives as e4m3 (half of bf16) in between.
+ * A weight (a parameter, its bf16 cast, or a stack of those: the GPU keeps them between steps)
+ * is quantized right before its first reader instead: the backward's orientation of a weight
+ * is not kept through the forward, it is made when the backward needs it.
  *
  * What is quantized (each orientation quantized from the high-precision value, never from
  * another quantized copy), on the operands of every expert GEMM:
@@ -95,7 +98,8 @@ static int gemm_rule(const plan *p, int id, int j, int *axis, int *counts, const
   }
 }
 
-static int key_for(plan *p, int src, int axis, int counts, const char *role) {
+/* reader: the node asking (ids ascend, so the first call comes from the first reader) */
+static int key_for(plan *p, int src, int axis, int counts, const char *role, int reader) {
   for (int k = 0; k < p->n_keys; k++) {
     qkey *q = &p->keys[k];
     if (q->src == src && q->axis == axis && q->counts == counts) {
@@ -119,6 +123,12 @@ static int key_for(plan *p, int src, int axis, int counts, const char *role) {
   memset(q, 0, sizeof *q);
   q->src = src, q->axis = axis, q->counts = counts, q->q = -1;
   q->after = counts >= 0 && p->slot[counts] > p->slot[src] ? p->slot[counts] : p->slot[src];
+  if (counts < 0 && ir_is_weight(p->g, src) && p->slot[reader] == reader) /* right before the reader */
+    for (int x = reader - 1; x > q->after; x--)
+      if (p->slot[x] == x) {
+        q->after = x;
+        break;
+      }
   snprintf(q->role, sizeof q->role, "%s", role);
   return p->n_keys++;
 }
@@ -168,9 +178,9 @@ static int make_plan(plan *p, const ir_graph *g) {
       const char *role;
       int v = nd->in[j];
       if (gemm_rule(p, id, j, &axis, &counts, &role)) {
-        p->req[p->first[id] + j] = key_for(p, v, axis, counts, role);
+        p->req[p->first[id] + j] = key_for(p, v, axis, counts, role, id);
       } else if (p->slot[id] >= p->bwd_start && p->slot[v] < p->bwd_start && p->region[v] && g->nodes[v].type.rank >= 1) {
-        p->req[p->first[id] + j] = key_for(p, v, g->nodes[v].type.rank - 1, -1, "saved");
+        p->req[p->first[id] + j] = key_for(p, v, g->nodes[v].type.rank - 1, -1, "saved", id);
       }
     }
   }

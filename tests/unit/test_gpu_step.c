@@ -60,7 +60,9 @@ static int compare(const char *path, const moec_set *sets, int n_sets, int fused
     fprintf(stderr, "%s: mxfp8(block = 128) on %s, yet no grouped GEMM runs in FP8\n", path, gpu_runtime_device(rt));
   }
   size_t held_after2 = 0, held_after3 = 0;
-  for (int64_t s = 1; s <= 20; s++) {
+  const char *steps_env = getenv("MOEC_GPU_STEP_STEPS"); /* fewer steps, e.g. 3 on the CPU emulator */
+  const int64_t steps = steps_env && atoi(steps_env) > 0 ? atoi(steps_env) : 20;
+  for (int64_t s = 1; s <= steps; s++) {
     data_train_batch(d, s - 1, g->cfg.batch, tok, lab);
     float oc[8], og[8];
     double nc, ng;
@@ -123,10 +125,10 @@ static int compare(const char *path, const moec_set *sets, int n_sets, int fused
       free(gv);
     }
   }
-  printf("%s [%s%s, %s%s]: 20 steps on %s; worst loss difference %.2g (tolerance %.2g), worst gradient %.2g (tolerance %.2g)\n",
+  printf("%s [%s%s, %s%s]: %lld steps on %s; worst loss difference %.2g (tolerance %.2g), worst gradient %.2g (tolerance %.2g)\n",
          path, g->cfg.precision == PREC_FP32 ? "fp32" : g->cfg.precision == PREC_BF16 ? "bf16" : "mxfp8",
          g->cfg.precision == PREC_MXFP8 && g->cfg.mx_block == 128 ? "(block=128)" : "", fused ? "fused" : "naive",
-         fp8_sites ? ", FP8 GEMMs" : "", gpu_runtime_device(rt), worst_loss, loss_tol, worst_grad,
+         fp8_sites ? ", FP8 GEMMs" : "", (long long)steps, gpu_runtime_device(rt), worst_loss, loss_tol, worst_grad,
          grad_tol);
   free(tok);
   free(lab);

@@ -1,5 +1,6 @@
-/* test_memplan.c -- the predicted memory of a graph: weights, AdamW moments and the
- * activation peak of the liveness walk, checked against sizes computed independently. */
+/* test_memplan.c -- the predicted memory of a graph: weights, AdamW moments, the bf16 weight
+ * copies (kept between steps, a stack of them no activation) and the activation peak of the
+ * liveness walk, checked against sizes computed independently. */
 #include <stdio.h>
 
 #include "frontend.h"
@@ -23,10 +24,18 @@ int main(void) {
     memplan mp;
     memplan_estimate(g, &mp);
     rt_params *ps = rt_params_new(g, 1);
-    int64_t largest = 0, sum = 0;
+    int64_t largest = 0, sum = 0, copies = 0, stacks = 0;
     for (int id = 0; id < g->n_nodes; id++) {
-      ir_op op = g->nodes[id].op;
-      if (op == OP_PARAM || op == OP_ADAMW) continue;
+      const ir_node *n = &g->nodes[id];
+      if (n->op == OP_PARAM || n->op == OP_ADAMW) continue;
+      if (n->op == OP_CAST && g->nodes[n->in[0]].op == OP_PARAM) {
+        copies += bytes_of(g, id);
+        continue;
+      }
+      if (n->op == OP_STACK && g->nodes[g->nodes[n->in[0]].in[0]].op == OP_PARAM) {
+        stacks++;
+        continue;
+      }
       int64_t b = bytes_of(g, id);
       sum += b;
       if (b > largest) largest = b;
@@ -38,7 +47,10 @@ int main(void) {
           (long long)mp.activations, (long long)largest, (long long)sum);
     /* freeing after the last use must beat keeping everything alive */
     CHECK(mp.activations < sum, "the liveness walk frees nothing (%lld of %lld)", (long long)mp.activations, (long long)sum);
-    CHECK(mp.total == mp.params + mp.optimizer + mp.activations, "total");
+    CHECK(mp.copies == copies && copies > 0, "bf16 copies %lld bytes, the casts of parameters make %lld",
+          (long long)mp.copies, (long long)copies);
+    CHECK(stacks > 0, "tiny's default pipeline stacks its expert weights");
+    CHECK(mp.total == mp.params + mp.optimizer + mp.copies + mp.activations, "total");
     printf("tiny %s: weights %lld, moments %lld, activation peak %lld of %lld bytes made\n", train ? "step" : "forward",
            (long long)mp.params, (long long)mp.optimizer, (long long)mp.activations, (long long)sum);
     rt_params_free(ps);
