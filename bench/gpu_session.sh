@@ -135,7 +135,7 @@ for part in "${parts[@]}"; do
   long)
     for run in 'mxfp8(block=128)':$FUSED_MX bf16:; do
       p=${run%%:*} args=${run#*:} tag=${p%%(*}
-      timeout 120 "$C/moec" train models/genos_1b.moe --device cuda --set seq=131072 --set batch=1 --set "precision=$p" \
+      timeout 120 "$C/moec" train models/genos_1b.moe --device cuda --set seq=131072 --set batch=1 --set "precision=$p" --set val_fraction=0.1 \
         --steps 4 --set val_every=0 --val-batches 1 --data data/chr20_slice.fa.gz --log "$L/long_$tag.jsonl" $args \
         >"$L/long_$tag.out" 2>&1
       echo "$p: rc $? $(tr '\r' '\n' <"$L/long_$tag.out" | grep -E 'tok/s|peak GPU|held between|error' | tail -4 | tr '\n' ' ')"
@@ -160,7 +160,7 @@ for part in "${parts[@]}"; do
       if [ -s "$a" ] && cmp -s <(strip "$a") <(strip "$b"); then echo "$pair: identical logs ($(wc -l <"$a") lines)"
       else echo "$pair: logs differ: $(diff <(strip "$a") <(strip "$b") | head -2 | tr '\n' ' ')"; fi
     done ;;
-  *) echo "unknown part '$part' (kernels step steptiny parallel genos profile fused fp8 fp8prof og2 og2fp8 ggemm chr20 determinism long)" ;;
+  *) echo "unknown part '$part' (kernels step steptiny parallel cudnn attn stack genos profile fused fp8 fp8prof og2 og2fp8 ggemm chr20 determinism long)" ;;
   esac
 done
 echo "== done ($(date -u +%H:%M:%S))"
