@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <utility>
 
 #define MOEC_EMU 1
 #define __global__
@@ -43,6 +44,8 @@ using std::sqrt;
 inline float __int_as_float(int i) { float f; std::memcpy(&f, &i, 4); return f; }
 inline float __uint_as_float(unsigned i) { float f; std::memcpy(&f, &i, 4); return f; }
 inline unsigned __float_as_uint(float f) { unsigned i; std::memcpy(&i, &f, 4); return i; }
+inline float __expf(float x) { return expf(x); }
+inline float __logf(float x) { return logf(x); }
 inline int __popc(unsigned x) { return __builtin_popcount(x); }
 
 template <class T> inline T __shfl_xor_sync(unsigned mask, T v, int lane_mask) {
@@ -68,3 +71,10 @@ inline unsigned __match_any_sync(unsigned mask, int v) {
 
 inline int atomicAdd(int *p, int v) { int o = *p; *p = o + v; return o; }
 inline int atomicCAS(int *p, int cmp, int v) { int o = *p; if (o == cmp) *p = v; return o; }
+
+/* The trampoline of a kernel written without the generator's (runtime sources of their own,
+ * gen_sources.c): emu_call(kernel, args) unpacks cuLaunchKernel's argument array. */
+template <class... P, size_t... I> inline void emu_call_(void (*f)(P...), void **a, std::index_sequence<I...>) {
+  f(*(P *)a[I]...);
+}
+template <class... P> inline void emu_call(void (*f)(P...), void **a) { emu_call_(f, a, std::index_sequence_for<P...>{}); }
