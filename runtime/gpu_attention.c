@@ -128,19 +128,21 @@ gpu_attention *gpu_attention_new(rt_cuda *k, gpu_blas *b, char *err, size_t errl
     gpu_attention_free(a);
     return NULL;
   }
-  /* cuDNN's backward may add dq atomically too: never under MOEC_DETERMINISTIC=1, even when
-   * asked for; it falls back to the default (gemm there, flash elsewhere). Without the library
-   * it falls back silently to flash. */
-  const int want_cudnn = env && strcmp(env, "cudnn") == 0 && !gpu_deterministic();
-  if (want_cudnn) {
+  /* cuDNN's fused attention is the default (2.0-2.9x the flash kernels on an H200,
+   * bench/RESULTS.md): without the library, or when it cannot make a handle, the default falls
+   * back to flash (a named failure when cudnn was asked for). Never under MOEC_DETERMINISTIC=1,
+   * even when asked for: its backward need not be deterministic. */
+  const int asked_cudnn = env && strcmp(env, "cudnn") == 0;
+  if ((asked_cudnn || !env || !*env) && !gpu_deterministic()) {
     a->cudnn = gpu_cudnn_attn_new(a->g, err, errlen);
-    if (!a->cudnn && err[0]) { /* present but unusable: say so rather than run something else */
+    if (!a->cudnn && err[0] && asked_cudnn) { /* present but unusable: say so rather than run something else */
       gpu_attention_free(a);
       return NULL;
     }
+    err[0] = '\0';
   }
   /* deterministic runs keep the flash forward's speed out: its backward adds dq atomically.
-   * Under MOEC_ATTENTION=cudnn, flash stays the path for what cuDNN does not take. */
+   * With cudnn, flash stays the path for what cuDNN does not take. */
   int want_flash = env && *env && strcmp(env, "cudnn") != 0 ? strcmp(env, "flash") == 0 : !gpu_deterministic();
   if (want_flash) {
     a->flash = gpu_flash_new(a->g, o.arch, NULL, err, errlen);

@@ -6,13 +6,13 @@
  *   the forward keeps the row logsumexp for the backward (cached by buffer, see gpu_flash.h).
  * - cudnn (gpu_cudnn_attn.h): cuDNN's fused flash attention through its backend API, cuDNN
  *   loaded at run time; bf16, head dims 64 and 128. The forward keeps cuDNN's softmax stats
- *   for the backward in the same kind of cache. Only with MOEC_ATTENTION=cudnn for now.
+ *   for the backward in the same kind of cache. The default where the library loads.
  * - gemm: scores by cuBLASLt strided-batched GEMMs (one batch per query head of a KV group), a
  *   row softmax kernel (NVRTC), then P·V; the backward recomputes the scores. Memory: scores
  *   f32 (nh, seq, seq) plus P (nh, seq, seq) per sequence, 6.4 GiB at seq 8192 with 16 heads.
  *
- * MOEC_ATTENTION (read when gpu_attention_new runs) = flash (the default), cudnn or gemm.
- * gpu_attention_fwd/bwd take cudnn where it was asked for, its library loaded and it applies
+ * MOEC_ATTENTION (read when gpu_attention_new runs) = cudnn (the default), flash or gemm.
+ * gpu_attention_fwd/bwd take cudnn where it was not refused, its library loaded and it applies
  * (bf16, hd 64 or 128, pointers 16-byte aligned), else flash where it applies, else gemm:
  * f32 storage, other head dims, unaligned pointers, a device older than sm_80, or
  * MOEC_ATTENTION=gemm. MOEC_DETERMINISTIC=1 never takes cudnn (its backward need not be
