@@ -566,7 +566,7 @@ int rt_cuda_mxfp8_dequantize(rt_cuda *k, cg_dtype t, gpu_ptr q, gpu_ptr scale, i
   int64_t n = rows * cols;
   char name[64];
   KN("mxfp8_dequantize", 1, t);
-  return rtk_launch(k, CG_FAM_MXFP8, &v, name, rtk_blocks(n, CG_NT_MX), 1, CG_NT_MX, ARGS(&q, &scale, &x, &n));
+  return rtk_launch(k, CG_FAM_MXFP8, &v, name, rtk_vec_blocks(n), 1, CG_NT_MX, ARGS(&q, &scale, &x, &n));
 }
 
 int rt_cuda_mxfp8_scales_vec128(rt_cuda *k, gpu_ptr scale, int64_t rows, int64_t K, int64_t block, gpu_ptr counts,
