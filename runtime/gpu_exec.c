@@ -16,6 +16,7 @@
 #include "gpu_blas.h"
 #include "gpu_comm.h"
 #include "gpu_fp8.h"
+#include "gpu_pool.h"
 #include "gpu_kernels.h"
 #include "gpu_profile.h"
 #include "gpu_views.h"
@@ -41,7 +42,6 @@ typedef struct {
   gpu_ptr p;
 } dev_stack;
 
-#define POOL_CLASSES 48
 struct gpu_runtime {
   gpu_ctx *g;
   rt_cuda *k;
@@ -51,63 +51,19 @@ struct gpu_runtime {
   dev_param *dp; /* (ps->n) */
   dev_stack *stacks;
   int n_stacks;
-  struct {
-    gpu_ptr *free;
-    int n, cap;
-  } pool[POOL_CLASSES]; /* free buffers of 2^c bytes */
-  size_t pooled;        /* bytes of the free buffers above: held by us, in use by nothing */
+  gpu_pool *pool; /* activations and scratch (gpu_pool.h) */
   char device[320];
 };
 
-static int pool_class(size_t bytes) {
-  int c = 8; /* 256 B at least */
-  while (c < POOL_CLASSES - 1 && ((size_t)1 << c) < bytes) c++;
-  return c;
-}
+/* The pool's backend: the loader's allocations, and what no tensor occupies told to it. */
+static int pool_alloc(void *ctx, size_t bytes, uint64_t *p) { return gpu_alloc(ctx, p, bytes, "activations"); }
+static void pool_release(void *ctx, uint64_t p) { gpu_free(ctx, p); }
+static void pool_idle(void *ctx, ptrdiff_t delta) { gpu_note_idle(ctx, delta); }
 
-/* Buffers come in power-of-two classes; the loader is told what no tensor occupies (cached
- * buffers, and each buffer's rounding up to its class), so that it counts bytes in use the way
- * torch's allocator does (gpu_note_idle). */
-static int pool_get(gpu_runtime *rt, size_t bytes, gpu_ptr *p) {
-  int c = pool_class(bytes);
-  size_t cls = (size_t)1 << c;
-  if (rt->pool[c].n > 0) {
-    *p = rt->pool[c].free[--rt->pool[c].n];
-    rt->pooled -= cls;
-    gpu_note_idle(rt->g, -(ptrdiff_t)bytes);
-    return 0;
-  }
-  gpu_note_idle(rt->g, (ptrdiff_t)(cls - bytes));
-  if (gpu_alloc(rt->g, p, cls, "activations") == 0) return 0;
-  /* out of memory: give the cached buffers back and try once more */
-  for (int i = 0; i < POOL_CLASSES; i++) {
-    for (int j = 0; j < rt->pool[i].n; j++) gpu_free(rt->g, rt->pool[i].free[j]);
-    rt->pool[i].n = 0;
-  }
-  gpu_note_idle(rt->g, -(ptrdiff_t)rt->pooled);
-  rt->pooled = 0;
-  if (gpu_alloc(rt->g, p, cls, "activations") == 0) return 0;
-  gpu_note_idle(rt->g, -(ptrdiff_t)(cls - bytes));
-  return -1;
-}
-
+static int pool_get(gpu_runtime *rt, size_t bytes, gpu_ptr *p) { return gpu_pool_get(rt->pool, bytes, p); }
 static void pool_put(gpu_runtime *rt, gpu_ptr p, size_t bytes) {
-  int c = pool_class(bytes);
-  size_t cls = (size_t)1 << c;
-  if (rt->pool[c].n == rt->pool[c].cap) {
-    int cap = rt->pool[c].cap ? 2 * rt->pool[c].cap : 16;
-    gpu_ptr *f = realloc(rt->pool[c].free, (size_t)cap * sizeof *f);
-    if (!f) {
-      gpu_free(rt->g, p);
-      gpu_note_idle(rt->g, -(ptrdiff_t)(cls - bytes));
-      return;
-    }
-    rt->pool[c].free = f;
-    rt->pool[c].cap = cap;
-  }
-  rt->pool[c].free[rt->pool[c].n++] = p;
-  rt->pooled += cls;
-  gpu_note_idle(rt->g, (ptrdiff_t)bytes);
+  (void)bytes;
+  gpu_pool_put(rt->pool, p);
 }
 
 gpu_runtime *gpu_runtime_new(rt_params *ps, const char *dump_dir, char *err, size_t errlen) {
@@ -131,6 +87,11 @@ gpu_runtime *gpu_runtime_new_on(rt_params *ps, int ordinal, const char *dump_dir
     goto fail;
   }
   if (!(rt->g = gpu_open(ordinal, err, errlen))) goto fail;
+  const gpu_pool_backend pb = {rt->g, pool_alloc, pool_release, pool_idle};
+  if (!(rt->pool = gpu_pool_new(&pb))) {
+    snprintf(err, errlen, "out of host memory");
+    goto fail;
+  }
   rt_cuda_opts ko;
   memset(&ko, 0, sizeof ko);
   ko.dump_dir = dump_dir;
@@ -172,11 +133,7 @@ void gpu_runtime_free(gpu_runtime *rt) {
     free(rt->stacks[i].params);
   }
   free(rt->stacks);
-  for (int c = 0; c < POOL_CLASSES; c++) {
-    for (int j = 0; j < rt->pool[c].n; j++) gpu_free(rt->g, rt->pool[c].free[j]);
-    free(rt->pool[c].free);
-  }
-  if (rt->g) gpu_note_idle(rt->g, -(ptrdiff_t)rt->pooled);
+  gpu_pool_free(rt->pool);
   gpu_attention_free(rt->attn);
   gpu_blas_free(rt->blas);
   rt_cuda_free(rt->k);
