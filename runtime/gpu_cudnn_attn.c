@@ -18,6 +18,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "gpu_rowstats.h"
+
 #ifdef MOEC_HAVE_CUDNN_GRAPH_H
 #include <cudnn_graph.h> /* only to check the values below */
 #endif
@@ -710,15 +712,6 @@ typedef struct {
 } plan_entry;
 enum { PLAN_SLOTS = 32 };
 
-typedef struct {
-  gpu_ptr q, k, v, out;
-  gpu_cudnn_shape s;
-  gpu_ptr stats;
-  size_t cap;
-  uint64_t used; /* 0: free */
-  uint64_t run;
-} stats_entry;
-enum { STATS_SLOTS = 64 };
 
 struct gpu_cudnn_attn {
   gpu_ctx *g;
@@ -726,8 +719,7 @@ struct gpu_cudnn_attn {
   size_t version;
   plan_entry plans[PLAN_SLOTS];
   int plan_clock;
-  stats_entry stats[STATS_SLOTS];
-  uint64_t clock, run;
+  gpu_rowstats *stats; /* f32 (B, nh, seq): the softmax logsumexp each forward leaves for its backward */
   gpu_ptr workspace, ssum, dq_accum, out_scratch;
   size_t cap_workspace, cap_ssum, cap_dq_accum, cap_out;
 };
@@ -1067,12 +1059,16 @@ gpu_cudnn_attn *gpu_cudnn_attn_new(gpu_ctx *g, char *err, size_t errlen) {
     return NULL;
   }
   gpu_cudnn_attn *c = calloc(1, sizeof *c);
-  if (!c) return snprintf(err, errlen, "out of host memory"), NULL;
+  if (!c || !(c->stats = gpu_rowstats_new(g, "attention softmax stats (cuDNN)"))) {
+    free(c);
+    return snprintf(err, errlen, "out of host memory"), NULL;
+  }
   c->g = g;
   c->version = api.GetVersion();
   cd_status st = api.Create(&c->handle);
   if (st != CD_STATUS_SUCCESS) {
     fail_status(st, err, errlen, "cudnnCreate");
+    gpu_rowstats_free(c->stats);
     free(c);
     return NULL;
   }
@@ -1090,7 +1086,7 @@ void gpu_cudnn_attn_free(gpu_cudnn_attn *c) {
   if (!c) return;
   gpu_sync(c->g);
   for (int i = 0; i < PLAN_SLOTS; i++) plan_release(&c->plans[i]);
-  for (int i = 0; i < STATS_SLOTS; i++) gpu_free(c->g, c->stats[i].stats);
+  gpu_rowstats_free(c->stats);
   gpu_free(c->g, c->workspace);
   gpu_free(c->g, c->ssum);
   gpu_free(c->g, c->dq_accum);
@@ -1102,7 +1098,7 @@ void gpu_cudnn_attn_free(gpu_cudnn_attn *c) {
 size_t gpu_cudnn_attn_version(const gpu_cudnn_attn *c) { return c ? c->version : 0; }
 int gpu_cudnn_attn_supports(const gpu_cudnn_attn *c, int64_t hd) { return c && (hd == 64 || hd == 128); }
 void gpu_cudnn_attn_new_run(gpu_cudnn_attn *c) {
-  if (c) c->run++;
+  if (c) gpu_rowstats_new_run(c->stats);
 }
 
 int gpu_cudnn_attn_bwd_nondeterministic(const gpu_cudnn_attn *c, const gpu_cudnn_shape *s) {
@@ -1157,62 +1153,40 @@ int gpu_cudnn_attn_bwd(gpu_cudnn_attn *c, const gpu_cudnn_shape *s, gpu_ptr q, g
   return execute(c, p, bind, err, errlen);
 }
 
-/* ---- the stats cache (as gpu_flash.c's logsumexp cache) ---- */
+/* ---- the stats kept from a forward for its backward (gpu_rowstats.h) ---- */
 
-static stats_entry *stats_get(gpu_cudnn_attn *c, const gpu_cudnn_shape *s, gpu_ptr q, gpu_ptr k, gpu_ptr v, gpu_ptr out,
-                              int *fresh, char *err, size_t errlen) {
-  stats_entry *e = NULL;
-  for (int i = 0; i < STATS_SLOTS && !e; i++) {
-    stats_entry *x = &c->stats[i];
-    if (x->used && x->q == q && x->k == k && x->v == v && x->out == out && same_shape(&x->s, s)) e = x;
-  }
-  *fresh = e == NULL;
-  const size_t bytes = (size_t)(s->B * s->nh * s->seq) * 4;
-  if (!e) {
-    /* a stale entry whose buffer fits first, else the least recently used */
-    for (int i = 0; i < STATS_SLOTS; i++) {
-      stats_entry *x = &c->stats[i];
-      if (x->used && x->run != c->run && x->cap >= bytes && (!e || x->used < e->used)) e = x;
-    }
-    if (!e) {
-      e = &c->stats[0];
-      for (int i = 1; i < STATS_SLOTS; i++)
-        if (c->stats[i].used < e->used) e = &c->stats[i];
-    }
-    e->q = q, e->k = k, e->v = v, e->out = out, e->s = *s;
-  }
-  e->used = ++c->clock;
-  e->run = c->run;
-  if (grow(c, &e->stats, &e->cap, bytes, "attention softmax stats (cuDNN)", err, errlen)) {
-    e->used = 0;
-    return NULL;
-  }
-  return e;
+static gpu_rowstats_key stats_key(const gpu_cudnn_shape *s, gpu_ptr q, gpu_ptr k, gpu_ptr v, gpu_ptr out) {
+  const gpu_rowstats_key key = {q, k, v, out, s->B, s->seq, s->nh, s->nkv, s->hd, s->causal != 0};
+  return key;
 }
 
 int gpu_cudnn_attn_fwd_cached(gpu_cudnn_attn *c, const gpu_cudnn_shape *s, gpu_ptr q, gpu_ptr k, gpu_ptr v,
                               gpu_ptr out, char *err, size_t errlen) {
   if (check_call(c, s, q | k | v | out, err, errlen)) return -1;
   int fresh;
-  stats_entry *e = stats_get(c, s, q, k, v, out, &fresh, err, errlen);
-  if (!e) return -1;
-  return gpu_cudnn_attn_fwd(c, s, q, k, v, out, e->stats, err, errlen);
+  const gpu_rowstats_key key = stats_key(s, q, k, v, out);
+  gpu_ptr stats = gpu_rowstats_get(c->stats, &key, (size_t)(s->B * s->nh * s->seq) * 4, &fresh, err, errlen);
+  if (!stats) return -1;
+  if (gpu_cudnn_attn_fwd(c, s, q, k, v, out, stats, err, errlen) == 0) return 0;
+  gpu_rowstats_drop(c->stats, &key);
+  return -1;
 }
 
 int gpu_cudnn_attn_bwd_cached(gpu_cudnn_attn *c, const gpu_cudnn_shape *s, gpu_ptr q, gpu_ptr k, gpu_ptr v,
                               gpu_ptr out, gpu_ptr dout, gpu_ptr packed, char *err, size_t errlen) {
   if (check_call(c, s, q | k | v | out | dout | packed, err, errlen)) return -1;
   int fresh;
-  stats_entry *e = stats_get(c, s, q, k, v, out, &fresh, err, errlen);
-  if (!e) return -1;
+  const gpu_rowstats_key key = stats_key(s, q, k, v, out);
+  gpu_ptr stats = gpu_rowstats_get(c->stats, &key, (size_t)(s->B * s->nh * s->seq) * 4, &fresh, err, errlen);
+  if (!stats) return -1;
   if (fresh) { /* no forward of these buffers left its stats: recompute them */
     dbg("backward with no cached stats: a forward into scratch first");
     const size_t bytes = (size_t)(s->B * s->seq * s->nh * s->hd) * 2;
     if (grow(c, &c->out_scratch, &c->cap_out, bytes, "attention output (recomputed, cuDNN)", err, errlen) ||
-        gpu_cudnn_attn_fwd(c, s, q, k, v, c->out_scratch, e->stats, err, errlen)) {
-      e->used = 0;
+        gpu_cudnn_attn_fwd(c, s, q, k, v, c->out_scratch, stats, err, errlen)) {
+      gpu_rowstats_drop(c->stats, &key);
       return -1;
     }
   }
-  return gpu_cudnn_attn_bwd(c, s, q, k, v, out, dout, e->stats, packed, err, errlen);
+  return gpu_cudnn_attn_bwd(c, s, q, k, v, out, dout, stats, packed, err, errlen);
 }

@@ -22,6 +22,7 @@
 #include <string.h>
 
 #include "gpu_nvrtc.h"
+#include "gpu_rowstats.h"
 
 /* The two literals below are the kernel source. */
 /* BEGIN prelude */
@@ -597,25 +598,12 @@ const char *gpu_flash_source(void) {
   return source_text;
 }
 
-/* ---- the logsumexp cache ---- */
-typedef struct {
-  gpu_ptr q, k, v, out;
-  int64_t B, seq, nh, nkv, hd;
-  int causal;
-  gpu_ptr lse; /* f32 (B, nh, Sp): log2 of sum_j 2^(s_j log2(e) / sqrt(hd)), i.e. lse / ln 2 */
-  size_t cap;
-  uint64_t used; /* 0: free */
-  uint64_t run;  /* the gpu_flash_new_run count when last used: older entries are stale */
-} lse_entry;
-enum { LSE_SLOTS = 64 };
-
 struct gpu_flash {
   gpu_ctx *g;
   void *module;
   void *fwd_fn[N_FWD], *bwd_fn[N_BWD], *pre_fn[2], *dq_fn;
   int fwd_sel[2], bwd_sel[2]; /* the variant in use for hd 64, 128; -1: none fits */
-  lse_entry lse[LSE_SLOTS];
-  uint64_t clock, run;
+  gpu_rowstats *lse; /* f32 (B, nh, Sp): log2 of sum_j 2^(s_j log2(e) / sqrt(hd)), i.e. lse / ln 2 */
   gpu_ptr Dd, dqa, out_scratch;
   size_t cap_Dd, cap_dqa, cap_out;
 };
@@ -647,12 +635,18 @@ gpu_flash *gpu_flash_new(gpu_ctx *g, const char *arch, const char *cache_dir, ch
     return NULL;
   }
   f->g = g;
+  if (!(f->lse = gpu_rowstats_new(g, "attention logsumexp"))) {
+    free(f);
+    snprintf(err, errlen, "out of host memory");
+    return NULL;
+  }
   gpu_nvrtc_opts o;
   memset(&o, 0, sizeof o);
   o.arch = arch;
   o.cache_dir = cache_dir;
   gpu_nvrtc_out out;
   if (gpu_nvrtc_compile("flash_attention", src, &o, &out, err, errlen) != 0) {
+    gpu_rowstats_free(f->lse);
     free(f);
     return NULL;
   }
@@ -702,7 +696,7 @@ gpu_flash *gpu_flash_new(gpu_ctx *g, const char *arch, const char *cache_dir, ch
 void gpu_flash_free(gpu_flash *f) {
   if (!f) return;
   gpu_sync(f->g);
-  for (int i = 0; i < LSE_SLOTS; i++) gpu_free(f->g, f->lse[i].lse);
+  gpu_rowstats_free(f->lse);
   gpu_free(f->g, f->Dd);
   gpu_free(f->g, f->dqa);
   gpu_free(f->g, f->out_scratch);
@@ -711,7 +705,7 @@ void gpu_flash_free(gpu_flash *f) {
 }
 
 void gpu_flash_new_run(gpu_flash *f) {
-  if (f) f->run++;
+  if (f) gpu_rowstats_new_run(f->lse);
 }
 
 int gpu_flash_supports(const gpu_flash *f, int64_t hd) {
@@ -744,55 +738,17 @@ typedef struct {
 
 static int64_t padded(int64_t seq) { return (seq + GPU_FLASH_PAD - 1) / GPU_FLASH_PAD * GPU_FLASH_PAD; }
 
-static lse_entry *lse_find(gpu_flash *f, const shape *s, gpu_ptr q, gpu_ptr k, gpu_ptr v, gpu_ptr out) {
-  for (int i = 0; i < LSE_SLOTS; i++) {
-    lse_entry *e = &f->lse[i];
-    if (e->used && e->q == q && e->k == k && e->v == v && e->out == out && e->B == s->B && e->seq == s->seq &&
-        e->nh == s->nh && e->nkv == s->nkv && e->hd == s->hd && e->causal == s->causal) {
-      e->used = ++f->clock;
-      e->run = f->run;
-      return e;
-    }
-  }
-  return NULL;
+/* The logsumexp buffer of this call's (buffers, shape); *fresh when no forward wrote it. */
+static gpu_ptr lse_get(gpu_flash *f, const shape *s, gpu_ptr q, gpu_ptr k, gpu_ptr v, gpu_ptr out, int *fresh,
+                       char *err, size_t errlen) {
+  const gpu_rowstats_key key = {q, k, v, out, s->B, s->seq, s->nh, s->nkv, s->hd, s->causal};
+  return gpu_rowstats_get(f->lse, &key, (size_t)(s->B * s->nh * padded(s->seq)) * 4, fresh, err, errlen);
 }
 
-/* The entry for this key, made (in the least recently used slot) if absent; *fresh says so. */
-static lse_entry *lse_get(gpu_flash *f, const shape *s, gpu_ptr q, gpu_ptr k, gpu_ptr v, gpu_ptr out, int *fresh,
-                          char *err, size_t errlen) {
-  lse_entry *e = lse_find(f, s, q, k, v, out);
-  *fresh = e == NULL;
-  const size_t bytes = (size_t)(s->B * s->nh * padded(s->seq)) * 4;
-  if (!e) {
-    /* a stale entry whose buffer fits first (buffer addresses change from run to run while the
-       pool settles; taking empty slots then would hold ever more memory), else the least used */
-    for (int i = 0; i < LSE_SLOTS; i++) {
-      lse_entry *c = &f->lse[i];
-      if (c->used && c->run != f->run && c->cap >= bytes && (!e || c->used < e->used)) e = c;
-    }
-    if (!e) {
-      e = &f->lse[0];
-      for (int i = 1; i < LSE_SLOTS; i++)
-        if (f->lse[i].used < e->used) e = &f->lse[i];
-    }
-    e->q = q;
-    e->k = k;
-    e->v = v;
-    e->out = out;
-    e->B = s->B;
-    e->seq = s->seq;
-    e->nh = s->nh;
-    e->nkv = s->nkv;
-    e->hd = s->hd;
-    e->causal = s->causal;
-    e->used = ++f->clock;
-    e->run = f->run;
-  }
-  if (grow(f, &e->lse, &e->cap, bytes, "attention logsumexp", err, errlen)) {
-    e->used = 0;
-    return NULL;
-  }
-  return e;
+/* Forgets it again: its forward failed, nothing valid is in it. */
+static void lse_drop(gpu_flash *f, const shape *s, gpu_ptr q, gpu_ptr k, gpu_ptr v, gpu_ptr out) {
+  const gpu_rowstats_key key = {q, k, v, out, s->B, s->seq, s->nh, s->nkv, s->hd, s->causal};
+  gpu_rowstats_drop(f->lse, &key);
 }
 
 static int launch(gpu_flash *f, void *fn, const char *name, unsigned gx, unsigned gy, unsigned threads, unsigned smem,
@@ -839,9 +795,11 @@ int gpu_flash_fwd(gpu_flash *f, int64_t B, int64_t seq, int64_t nh, int64_t nkv,
   if (check(f, &s, err, errlen)) return -1;
   if (B == 0 || seq == 0) return 0;
   int fresh;
-  lse_entry *e = lse_get(f, &s, q, k, v, out, &fresh, err, errlen);
-  if (!e) return -1;
-  return run_fwd(f, &s, q, k, v, out, e->lse, err, errlen);
+  gpu_ptr lse = lse_get(f, &s, q, k, v, out, &fresh, err, errlen);
+  if (!lse) return -1;
+  if (run_fwd(f, &s, q, k, v, out, lse, err, errlen) == 0) return 0;
+  lse_drop(f, &s, q, k, v, out);
+  return -1;
 }
 
 int gpu_flash_bwd(gpu_flash *f, int64_t B, int64_t seq, int64_t nh, int64_t nkv, int64_t hd, int causal, gpu_ptr q,
@@ -851,12 +809,14 @@ int gpu_flash_bwd(gpu_flash *f, int64_t B, int64_t seq, int64_t nh, int64_t nkv,
   if (B == 0 || seq == 0) return 0;
   const int64_t T = B * seq, Sp64 = padded(seq), C = nh * hd;
   int fresh;
-  lse_entry *e = lse_get(f, &s, q, k, v, out, &fresh, err, errlen);
-  if (!e) return -1;
+  gpu_ptr lse = lse_get(f, &s, q, k, v, out, &fresh, err, errlen);
+  if (!lse) return -1;
   if (fresh) { /* no forward of these buffers to take the logsumexp from: recompute it */
     if (grow(f, &f->out_scratch, &f->cap_out, (size_t)(T * C) * 2, "attention output (recomputed)", err, errlen) ||
-        run_fwd(f, &s, q, k, v, f->out_scratch, e->lse, err, errlen))
+        run_fwd(f, &s, q, k, v, f->out_scratch, lse, err, errlen)) {
+      lse_drop(f, &s, q, k, v, out);
       return -1;
+    }
   }
   if (grow(f, &f->Dd, &f->cap_Dd, (size_t)(B * nh * Sp64) * 4, "attention row statistics", err, errlen) ||
       grow(f, &f->dqa, &f->cap_dqa, (size_t)(T * C) * 4, "attention dq accumulator", err, errlen))
@@ -870,7 +830,7 @@ int gpu_flash_bwd(gpu_flash *f, int64_t B, int64_t seq, int64_t nh, int64_t nkv,
   const gpu_flash_bwd_geom geo = gpu_flash_bwd_geometry(bv->hd, bv->warps, bv->bq, bv->minb);
   int S = (int)seq, Sp = (int)Sp64, nhi = (int)nh, nkvi = (int)nkv, c = s.causal;
   int64_t rows = B * nh * Sp64, W = (nh + 2 * nkv) * hd;
-  gpu_ptr lse = e->lse, Dd = f->Dd, dqa = f->dqa;
+  gpu_ptr Dd = f->Dd, dqa = f->dqa;
   void *pre_args[] = {&out, &dout, &Dd, &lse, &S, &Sp, &nhi, &rows};
   if (launch(f, f->pre_fn[h], "flash attention backward (dO.O)", (unsigned)((rows + 7) / 8), 1, 256, 0, pre_args, err,
              errlen))

@@ -74,7 +74,7 @@ static void check_state(const char *when, gpu_pool *p, fake *f, live *l, int n) 
   CHECK(f->idle == (ptrdiff_t)(f->held - used), "%s: told idle %td, held - used %zu", when, f->idle, f->held - used);
   CHECK(gpu_pool_segments(p) == f->n, "%s: %d segments, backend %d", when, gpu_pool_segments(p), f->n);
   live *s = malloc((size_t)(n > 0 ? n : 1) * sizeof *s);
-  memcpy(s, l, (size_t)n * sizeof *s);
+  if (n > 0) memcpy(s, l, (size_t)n * sizeof *s);
   qsort(s, (size_t)n, sizeof *s, by_ptr);
   for (int i = 0; i < n; i++) {
     CHECK(s[i].p % 512 == 0, "%s: block %llx not 512-aligned", when, (unsigned long long)s[i].p);
