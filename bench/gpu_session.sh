@@ -86,7 +86,7 @@ for part in "${parts[@]}"; do
     bench LOGDIR=$L/profile PEER_SKIP=1 MOEC_PROFILE=1 timeout 120 bash bench/run_bench.sh genos_1b
     grep -A30 "GPU profile" "$L/profile/moec_genos_1b.out" | head -30 ;;
   fused)
-    peer_from "$L/genos" "$L/fused"; peer_from "$L/genos" "$L/fused_mx"
+    for d in fused fused_mx; do peer_from "$L/genos" "$L/$d"; peer_from "$L/fp8prof" "$L/$d"; done
     bench LOGDIR=$L/fused PEER_SKIP=1 MOEC_ARGS=$FUSED timeout 140 bash bench/run_bench.sh genos_1b
     bench LOGDIR=$L/fused_mx PEER_SKIP=1 PRECISION=mxfp8 MOEC_ARGS=$FUSED_MX timeout 160 bash bench/run_bench.sh genos_1b ;;
   og2)
