@@ -43,9 +43,9 @@ static int stack_of_param_casts(const ir_graph *g, const int *last_use, int s) {
       return 0;
     for (int k = 0; k < j; k++)
       if (g->nodes[st->in[k]].in[0] == cn->in[0]) return 0;
-    for (int id = s + 1; id < g->n_nodes; id++) /* any reader of c besides the stack */
+    for (int id = c + 1; id < g->n_nodes; id++) /* any reader of c besides the stack */
       for (int k = 0; k < g->nodes[id].n_in; k++) {
-        if (g->nodes[id].in[k] == c) return 0;
+        if (g->nodes[id].in[k] == c && id != s) return 0;
         if (g->nodes[id].op == OP_ADAMW && k == 0 && g->nodes[id].in[0] == cn->in[0] && id <= last_use[s]) return 0;
       }
   }

@@ -10,7 +10,8 @@
  *   expert weights' stacks read the parameters' persistent bf16 copies (stacked views), each of
  *   their casts writes nothing, and no AdamW of those parameters runs before the stack's last
  *   reader;
- * - without FP8 (bf16) no cast view, the other kinds still. */
+ * - without FP8 (bf16) no cast view, the other kinds still;
+ * - a stack one of whose casts another op reads too (before the stack) is no stacked view. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -75,8 +76,54 @@ static void check_plan(const char *precision, int fp8_on, int counts[8]) {
   ir_graph_free(g);
 }
 
+static ir_type ty2(ir_dtype dt, int64_t a, int64_t b) {
+  ir_type t;
+  memset(&t, 0, sizeof t);
+  t.dtype = dt, t.rank = 2, t.dims[0] = a, t.dims[1] = b;
+  return t;
+}
+
+/* Two experts' weights, cast and stacked; in the second graph expert 0's cast also feeds a
+ * silu ahead of the stack (as a naive graph might), so its value must exist. */
+static void check_shared_cast(void) {
+  for (int shared = 0; shared <= 1; shared++) {
+    ir_loc L = {"t.moe", 1, 1};
+    ir_graph *g = ir_graph_new("t");
+    int cast[2];
+    for (int e = 0; e < 2; e++) {
+      char name[32];
+      snprintf(name, sizeof name, "w%d", e);
+      ir_attr a[] = {ir_attr_str("name", name), ir_attr_str("init", "normal"), ir_attr_float("std", 0.02),
+                     ir_attr_int("expert", e)};
+      int w = ir_add_typed(g, OP_PARAM, NULL, 0, a, 4, ty2(DT_F32, 8, 16), L);
+      cast[e] = ir_add_typed(g, OP_CAST, &w, 1, NULL, 0, ty2(DT_BF16, 8, 16), L);
+    }
+    int other = shared ? ir_add(g, OP_SILU, &cast[0], 1, NULL, 0, L) : -1;
+    int st = ir_add(g, OP_STACK, cast, 2, (ir_attr[]){ir_attr_int("experts", 2)}, 1, L);
+    int out = ir_add(g, OP_SILU, &st, 1, NULL, 0, L);
+    CHECK(st >= 0 && out >= 0 && (!shared || other >= 0), "building the stack graph: %s", g->err);
+    g->outputs[g->n_outputs++] = out;
+    if (shared) g->outputs[g->n_outputs++] = other;
+    int *last = tiny_last_uses(g, 1);
+    gpu_fp8_plan p;
+    CHECK(gpu_fp8_plan_new(g, 0, last, &p) == 0, "fp8 plan");
+    uint8_t *view = calloc((size_t)g->n_nodes + 1, 1);
+    gpu_views_plan(g, &p, last, view);
+    CHECK(view[st] == (shared ? VIEW_NONE : VIEW_STACKED), "stack with %s cast: view %d", shared ? "a shared" : "private",
+          view[st]);
+    CHECK(view[cast[0]] == (shared ? VIEW_NONE : VIEW_IN_STACK), "expert 0's cast (%s): view %d",
+          shared ? "also read by silu" : "read by the stack only", view[cast[0]]);
+    free(view);
+    free(last);
+    gpu_fp8_plan_free(&p);
+    ir_graph_free(g);
+  }
+  printf("a stack of private casts is a stacked view; with a cast read elsewhere too, none\n");
+}
+
 int main(void) {
   int c[8];
+  check_shared_cast();
   check_plan("mxfp8(block=128)", 1, c);
   /* the saved gate_up is stored packed (FP8_STORE): its dequantize expands it, no alias */
   CHECK(c[VIEW_WINDOW] > 0 && c[VIEW_ALIAS] == 0 && c[VIEW_CAST] > 0 && c[VIEW_SLAB] > 0,
