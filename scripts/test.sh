@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Runs every test: installs the build dependencies, builds, runs the suite with ctest, builds
-# the main job's Release binary and trains two steps with it, then builds again with
-# AddressSanitizer + UndefinedBehaviorSanitizer and runs the suite again.
-# GPU tests skip (and say so) on a machine without a GPU.
+# Runs every test: installs the build dependencies, builds, runs the suite with ctest and the
+# GPU tests on the CPU emulator, builds the main job's Release binary and trains two steps
+# with it, then builds again with AddressSanitizer + UndefinedBehaviorSanitizer and runs the
+# suite again. GPU tests skip (and say so) on a machine without a GPU; the emulator runs them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/deps.sh
@@ -10,6 +10,14 @@ jobs=$(nproc)
 cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
 cmake --build build -j "$jobs"
 ctest --test-dir build --output-on-failure -j "$jobs"
+# the GPU kernels and the GPU executor's training step against the CPU, without a GPU: the CPU
+# emulator (scripts/cuda_emu: the generated kernels as host code behind stand-in libcuda and
+# libcublasLt), where NVRTC is installed (it still compiles every module)
+if ls /usr/local/cuda/lib64/libnvrtc.so* >/dev/null 2>&1 || ldconfig -p | grep -q libnvrtc; then
+  MOEC_GPU_STEP_ONLY=tiny MOEC_GPU_STEP_STEPS=3 bash scripts/cuda_emu/run.sh build test_gpu_kernels test_gpu_fused test_gpu_step
+else
+  echo "cuda emulator: skipped (NVRTC is not installed)"
+fi
 # the main job's build (scripts/train_tiny.sh: Release, where -O3 raises warnings that -O2 does
 # not, and -Werror makes them errors), then two of its training steps
 cmake -S . -B build-release -DCMAKE_BUILD_TYPE=Release >/dev/null
