@@ -134,24 +134,16 @@ CD_VALUES(CD_CHECK)
 #undef CD_CHECK
 #endif
 
+#define CD_NAME(n, v) case v: return "CUDNN_" #n;
 static const char *attr_name(int a) {
-  switch (a) {
-#define CD_NAME(n, v)                                                                                                  \
-  case v: return "CUDNN_" #n;
-    CD_ATTRS(CD_NAME)
-#undef CD_NAME
-  }
+  switch (a) { CD_ATTRS(CD_NAME) }
   return "(attribute)";
 }
 static const char *desc_type_name(int t) {
-  switch (t) {
-#define CD_NAME(n, v)                                                                                                  \
-  case v: return "CUDNN_" #n;
-    CD_DESCRIPTORS(CD_NAME)
-#undef CD_NAME
-  }
+  switch (t) { CD_DESCRIPTORS(CD_NAME) }
   return "(descriptor)";
 }
+#undef CD_NAME
 
 typedef int cd_status;
 typedef struct {

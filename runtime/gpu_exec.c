@@ -61,10 +61,7 @@ static void pool_release(void *ctx, uint64_t p) { gpu_free(ctx, p); }
 static void pool_idle(void *ctx, ptrdiff_t delta) { gpu_note_idle(ctx, delta); }
 
 static int pool_get(gpu_runtime *rt, size_t bytes, gpu_ptr *p) { return gpu_pool_get(rt->pool, bytes, p); }
-static void pool_put(gpu_runtime *rt, gpu_ptr p, size_t bytes) {
-  (void)bytes;
-  gpu_pool_put(rt->pool, p);
-}
+static void pool_put(gpu_runtime *rt, gpu_ptr p) { gpu_pool_put(rt->pool, p); }
 
 gpu_runtime *gpu_runtime_new(rt_params *ps, const char *dump_dir, char *err, size_t errlen) {
   return gpu_runtime_new_on(ps, 0, dump_dir, err, errlen);
@@ -272,9 +269,9 @@ static int alloc_out_slack(gx *x, int id, int64_t rows, int zero, int64_t slack)
 static int alloc_out(gx *x, int id, int64_t rows, int zero) { return alloc_out_slack(x, id, rows, zero, 0); }
 
 static void release(gx *x, dev_value *v) {
-  if (v->bytes) pool_put(x->rt, v->p, v->bytes);
-  if (v->q8_bytes) pool_put(x->rt, v->q8, v->q8_bytes);
-  if (v->s8_bytes) pool_put(x->rt, v->s8, v->s8_bytes);
+  if (v->bytes) pool_put(x->rt, v->p);
+  if (v->q8_bytes) pool_put(x->rt, v->q8);
+  if (v->s8_bytes) pool_put(x->rt, v->s8);
   memset(v, 0, sizeof *v);
 }
 
@@ -328,8 +325,8 @@ static routing *route_of(gx *x, int id, int idx) {
 static void routes_release(gx *x) {
   for (int i = 0; i < x->n_routes; i++) {
     routing *r = &x->routes[i];
-    pool_put(x->rt, r->mem, r->bytes);
-    if (r->dy_bytes) pool_put(x->rt, r->dy_stacked, r->dy_bytes);
+    pool_put(x->rt, r->mem);
+    if (r->dy_bytes) pool_put(x->rt, r->dy_stacked);
     free(r->counts);
     free(r->offsets);
   }
@@ -593,7 +590,7 @@ static int exec_EP_ALL_TO_ALL(gx *x, int id) {
     if (rc == 0 && gpu_comm_all_to_all_v(x->comm, COMM_EP, tmp, so, sb, x->val[id].p, ro, rbytes, m, sizeof m) != 0)
       rc = fail(x, id, "%s", m);
   }
-  if (tmp) pool_put(x->rt, tmp, tb); /* stream order keeps it for the queued copies */
+  if (tmp) pool_put(x->rt, tmp); /* stream order keeps it for the queued copies */
   free(so);
   return rc;
 }
@@ -661,7 +658,7 @@ static int exec_COMBINE(gx *x, int id) {
   if (rc == 0)
     rc = ck(x, id, rt_cuda_combine_fwd(KX, DT(x, id), DT(x, N(id)->in[1]), r->r.pos, V(id, 1)->p, y, x->val[id].p, T, k,
                                        COLS(id)));
-  pool_put(x->rt, y, yb);
+  pool_put(x->rt, y);
   return rc;
 }
 
@@ -792,7 +789,7 @@ static int exec_COMBINE_BWD_Y(gx *x, int id) {
   int64_t T = V(id, 1)->rows, k = INCOLS(id, 1), H = COLS(id);
   size_t es = dsize(N(id)->type.dtype);
   if (r->dy_of != dout) { /* every expert's gradient at once, then one slice per op */
-    if (r->dy_bytes) pool_put(x->rt, r->dy_stacked, r->dy_bytes);
+    if (r->dy_bytes) pool_put(x->rt, r->dy_stacked);
     r->dy_bytes = (size_t)(T * k > 0 ? T * k : 1) * (size_t)H * es;
     if (pool_get(x->rt, r->dy_bytes, &r->dy_stacked) != 0) {
       r->dy_bytes = 0;
@@ -823,7 +820,7 @@ static int exec_COMBINE_BWD_W(gx *x, int id) {
   if (rc == 0)
     rc = ck(x, id, rt_cuda_combine_bwd(KX, DT(x, N(id)->in[0]), CG_DT_F32, r->r.pos, x->val[id].p, y, V(id, 0)->p, 0,
                                        x->val[id].p, T, k, H));
-  pool_put(x->rt, y, yb);
+  pool_put(x->rt, y);
   return rc;
 }
 
@@ -849,7 +846,7 @@ static int grad_norm_ep(gx *x, int id, const gpu_ptr *bufs, const cg_dtype *dts,
   if (rc == 0) rc = ck(x, id, rt_cuda_grad_norm_win(KX, bufs + k, dts + k, sizes + k, cols + k, ld + k, n - k, en));
   if (rc == 0 && (gpu_download(x->rt->g, &d, x->val[id].p, 4) || gpu_download(x->rt->g, &e, en, 4)))
     rc = fail(x, id, "%s", gpu_error(x->rt->g));
-  pool_put(x->rt, en, 4);
+  pool_put(x->rt, en);
   float e2 = (float)pow(e, 2);
   if (rc == 0 && comm_all_reduce_sum(gpu_comm_host_group(x->comm, COMM_EP), &e2, 1, COMM_F32, m, sizeof m) != 0)
     rc = fail(x, id, "%s", m);
@@ -1065,7 +1062,7 @@ static int packed_bufs(gx *x, int id, size_t q8, size_t s8) {
   dev_value *v = &x->val[id];
   if (pool_buf(x, id, q8, &v->q8)) return -1;
   if (pool_buf(x, id, s8, &v->s8)) {
-    pool_put(x->rt, v->q8, q8);
+    pool_put(x->rt, v->q8);
     v->q8 = 0;
     return -1;
   }
@@ -1126,7 +1123,7 @@ static int fp8_pack(gx *x, int id) {
   else
     rc = rt_cuda_mxfp8_quantize(KX, t, a->p, E * A, B, block, 1, v->q8, codes);
   if (rc == 0) rc = rt_cuda_mxfp8_scales_vec128(KX, codes, E * N_, K, block, 0, 0, N_, v->s8);
-  pool_put(x->rt, codes, codes_bytes); /* stream order keeps it alive for the queued kernels */
+  pool_put(x->rt, codes); /* stream order keeps it alive for the queued kernels */
   return ck(x, id, rc);
 }
 
@@ -1152,7 +1149,7 @@ static int fp8_site_gemm(gx *x, int id, int ka, int kw, int64_t E, const int32_t
   if (fp8_row_scales(x, id, QOF(id, ka), E, counts, &sf, &sf_bytes)) return -1;
   const dev_value *qa = &x->val[QOF(id, ka)], *qw = &x->val[QOF(id, kw)];
   int rc = gpu_fp8_grouped_gemm(x->rt->blas, cnt, E, N_, K, qa->q8, sf, qw->q8, qw->s8, tc, c, ldc, e_, sizeof e_);
-  pool_put(x->rt, sf, sf_bytes);
+  pool_put(x->rt, sf);
   return rc ? fp8_fail(x, id, e_) : 0;
 }
 
@@ -1269,10 +1266,10 @@ static int exec_GROUPED_MLP(gx *x, int id) {
     const dev_value *qd = &x->val[QOF(id, 2)];
     if (rc == 0 && gpu_fp8_grouped_gemm(x->rt->blas, cnt, E, H, F, qa, sfa, qd->q8, qd->s8, to, x->val[id].p, W, e_, sizeof e_))
       rc = fp8_fail(x, id, e_);
-    if (act) pool_put(x->rt, act, act_bytes); /* those obtained; stream order keeps them for the queued work */
-    if (qa) pool_put(x->rt, qa, qa_bytes);
-    if (ca) pool_put(x->rt, ca, ca_bytes);
-    if (sfa) pool_put(x->rt, sfa, sfa_bytes);
+    if (act) pool_put(x->rt, act); /* those obtained; stream order keeps them for the queued work */
+    if (qa) pool_put(x->rt, qa);
+    if (ca) pool_put(x->rt, ca);
+    if (sfa) pool_put(x->rt, sfa);
     return rc;
   }
   if (grouped_blas(x, tx, tw) && to == tw) {
@@ -1290,7 +1287,7 @@ static int exec_GROUPED_MLP(gx *x, int id) {
     if (rc == 0 && mx_block > 0)
       rc = ck(x, id, rt_cuda_mxfp8_qdq(KX, to, act, to, act, 2, act_dims, 1, mx_block, (int)ir_get_int(N(id), "mx_share128", 0), 0, 0));
     if (rc == 0) rc = ggemm_blas(x, id, cnt, E, to, act, F, tw, V(id, 2)->p, 0, to, x->val[id].p, W, H, F);
-    pool_put(x->rt, act, act_bytes); /* stream order keeps it alive for the queued GEMMs */
+    pool_put(x->rt, act); /* stream order keeps it alive for the queued GEMMs */
     return rc;
   }
   return ck(x, id, rt_cuda_grouped_mlp_fwd(KX, DT(x, N(id)->in[0]), DT(x, N(id)->in[1]), DT(x, id), a->p, V(id, 1)->p,
@@ -1318,7 +1315,7 @@ static int exec_GROUPED_MLP_BWD(gx *x, int id) {
     if (rc == 0)
       rc = ck(x, id, rt_cuda_mlp_bwd_rows(KX, DT(x, N(id)->in[1]), DT(x, id), dact, V(id, 1)->p, V(id, 4)->p, x->val[id].p, S, F,
                                           COLS(id)));
-    pool_put(x->rt, dact, dact_bytes);
+    pool_put(x->rt, dact);
     return rc;
   }
   return ck(x, id, rt_cuda_grouped_mlp_bwd(KX, DT(x, N(id)->in[0]), DT(x, N(id)->in[1]), DT(x, N(id)->in[2]), DT(x, id), dy->p,
