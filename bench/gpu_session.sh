@@ -15,12 +15,14 @@
 #            without, side by side: are the logs (loss, grad norm, val) identical? [120 s]
 # benchmarks (bench/run_bench.sh: moec and the peer in the same call)
 #   genos    genos_1b bf16 naive + peer                                         [200 s]
-#   profile  genos_1b bf16 naive with MOEC_PROFILE=1 (reuses genos's peer)      [120 s]
+#   profile  genos_1b bf16 naive with MOEC_PROFILE=kernels (reuses genos's peer)      [120 s]
 #   fused    genos_1b bf16 and mxfp8 on the fused pipeline (reuses the peer)    [300 s]
 #   og2      og2_8x1b bf16 naive + peer                                         [240 s]
+#   og2fused og2_8x1b bf16 on the fused pipeline (+ peer unless og2/og2fp8 ran)  [240 s]
+#   fusedprof genos_1b bf16 fused with MOEC_PROFILE=kernels (+ peer unless genos/fp8prof/fused ran) [150 s]
 #   og2fp8   og2_8x1b mxfp8(block=128) fused (FP8 expert GEMMs) + peer          [240 s]
 #   fp8      genos_1b mxfp8(block=128) fused: FP8 expert GEMMs, then MOEC_FP8_GEMM=0 [300 s]
-#   fp8prof  genos_1b mxfp8(block=128) fused with MOEC_PROFILE=1 (runs the peer if genos did not) [150 s]
+#   fp8prof  genos_1b mxfp8(block=128) fused with MOEC_PROFILE=kernels (runs the peer if genos did not) [150 s]
 #   stack    genos_1b mxfp8(block=128) fused, weights kept stacked and MOEC_STACK_VIEWS=0 (stacks
 #            copied, gradients unstacked), side by side (reuses the peer of genos or fp8prof) [250 s]
 #   ggemm    bench/grouped_gemm.sh: expert GEMMs bf16 / fp8 vs torch._grouped_mm [150 s]
@@ -83,7 +85,7 @@ for part in "${parts[@]}"; do
     bench LOGDIR=$L/genos timeout 200 bash bench/run_bench.sh genos_1b ;;
   profile)
     peer_from "$L/genos" "$L/profile"
-    bench LOGDIR=$L/profile PEER_SKIP=1 MOEC_PROFILE=1 timeout 120 bash bench/run_bench.sh genos_1b
+    bench LOGDIR=$L/profile PEER_SKIP=1 MOEC_PROFILE=kernels timeout 120 bash bench/run_bench.sh genos_1b
     grep -A30 "GPU profile" "$L/profile/moec_genos_1b.out" | head -30 ;;
   fused)
     for d in fused fused_mx; do peer_from "$L/genos" "$L/$d"; peer_from "$L/fp8prof" "$L/$d"; done
@@ -91,6 +93,13 @@ for part in "${parts[@]}"; do
     bench LOGDIR=$L/fused_mx PEER_SKIP=1 PRECISION=mxfp8 MOEC_ARGS=$FUSED_MX timeout 160 bash bench/run_bench.sh genos_1b ;;
   og2)
     bench LOGDIR=$L/og2 timeout 240 bash bench/run_bench.sh og2_8x1b ;;
+  og2fused)
+    peer_from "$L/og2" "$L/og2fused"; peer_from "$L/og2fp8" "$L/og2fused"
+    bench LOGDIR=$L/og2fused PEER_SKIP=1 MOEC_ARGS=$FUSED timeout 240 bash bench/run_bench.sh og2_8x1b ;;
+  fusedprof)
+    for d in fusedprof; do peer_from "$L/genos" "$L/$d"; peer_from "$L/fp8prof" "$L/$d"; peer_from "$L/fused" "$L/$d"; done
+    bench LOGDIR=$L/fusedprof PEER_SKIP=1 MOEC_ARGS=$FUSED MOEC_PROFILE=kernels timeout 150 bash bench/run_bench.sh genos_1b
+    grep -A110 "GPU profile" "$L/fusedprof/moec_genos_1b.out" | grep -v "^  %" | head -80 ;;
   og2fp8)
     bench LOGDIR=$L/og2fp8 PRECISION='mxfp8(block=128)' MOEC_ARGS=$FUSED_MX timeout 240 bash bench/run_bench.sh og2_8x1b ;;
   fp8)
@@ -99,8 +108,8 @@ for part in "${parts[@]}"; do
     bench LOGDIR=$L/fp8_off PEER_SKIP=1 PRECISION='mxfp8(block=128)' MOEC_ARGS=$FUSED_MX MOEC_FP8_GEMM=0 timeout 150 bash bench/run_bench.sh genos_1b ;;
   fp8prof)
     peer_from "$L/genos" "$L/fp8prof"
-    bench LOGDIR=$L/fp8prof PEER_SKIP=1 PRECISION='mxfp8(block=128)' MOEC_ARGS=$FUSED_MX MOEC_PROFILE=1 timeout 150 bash bench/run_bench.sh genos_1b
-    grep -A40 "GPU profile" "$L/fp8prof/moec_genos_1b.out" | head -44 ;;
+    bench LOGDIR=$L/fp8prof PEER_SKIP=1 PRECISION='mxfp8(block=128)' MOEC_ARGS=$FUSED_MX MOEC_PROFILE=kernels timeout 150 bash bench/run_bench.sh genos_1b
+    grep -A110 "GPU profile" "$L/fp8prof/moec_genos_1b.out" | grep -v "^  %" | head -80 ;;
   stack)
     for d in stack stack_off; do peer_from "$L/genos" "$L/$d"; peer_from "$L/fp8prof" "$L/$d"; done
     bench LOGDIR=$L/stack PEER_SKIP=1 PRECISION='mxfp8(block=128)' MOEC_ARGS=$FUSED_MX timeout 120 bash bench/run_bench.sh genos_1b
@@ -160,7 +169,7 @@ for part in "${parts[@]}"; do
       if [ -s "$a" ] && cmp -s <(strip "$a") <(strip "$b"); then echo "$pair: identical logs ($(wc -l <"$a") lines)"
       else echo "$pair: logs differ: $(diff <(strip "$a") <(strip "$b") | head -2 | tr '\n' ' ')"; fi
     done ;;
-  *) echo "unknown part '$part' (kernels step steptiny parallel cudnn attn stack genos profile fused fp8 fp8prof og2 og2fp8 ggemm chr20 determinism long)" ;;
+  *) echo "unknown part '$part' (kernels step steptiny parallel cudnn attn stack genos profile fused fp8 fp8prof fusedprof og2 og2fp8 og2fused ggemm chr20 determinism long)" ;;
   esac
 done
 echo "== done ($(date -u +%H:%M:%S))"

@@ -241,6 +241,7 @@ static int run_cached(gpu_blas *b, const lt_call *call, const int64_t key[12], c
                (long long)mnk[0], (long long)mnk[1], (long long)mnk[2], batch);
       return -1;
     }
+    gpu_note_work(b->g, what);
     st = run_algo(b, call, &e->algo);
   }
   if (st != 0) {

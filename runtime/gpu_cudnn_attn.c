@@ -1031,6 +1031,7 @@ static int execute(gpu_cudnn_attn *c, plan_entry *p, const gpu_ptr bind[BIND_COU
     dbg("execute %s: B %lld seq %lld heads %lld/%lld hd %lld, %d buffers, workspace %zu bytes",
         p->bwd ? "backward" : "forward", (long long)p->s.B, (long long)p->s.seq, (long long)p->s.nh,
         (long long)p->s.nkv, (long long)p->s.hd, n, ws_bytes);
+    gpu_note_work(c->g, p->bwd ? "cudnn attention backward" : "cudnn attention forward");
     st = api.Execute(c->handle, p->plan, vp);
     if (st != CD_STATUS_SUCCESS)
       rc = fail_status(st, err, errlen, "cudnnBackendExecute(attention %s, engine %lld)",

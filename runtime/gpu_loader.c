@@ -111,6 +111,8 @@ struct gpu_ctx {
   struct alloc_rec *recs; /* (n_recs) live allocations, for gpu_free's accounting */
   size_t n_recs, cap_recs;
   const char *last_kernel; /* the last launch, named when a later sync fails */
+  gpu_work_hook work_hook;  /* MOEC_PROFILE=kernels */
+  void *work_hook_ud;
   char err[1024];
 };
 
@@ -442,10 +444,20 @@ int gpu_function(gpu_ctx *g, void *module, const char *name, void **fn) {
   return 0;
 }
 
+void gpu_set_work_hook(gpu_ctx *g, gpu_work_hook hook, void *ud) {
+  g->work_hook = hook;
+  g->work_hook_ud = ud;
+}
+
+void gpu_note_work(gpu_ctx *g, const char *name) {
+  if (g->work_hook) g->work_hook(g->work_hook_ud, name);
+}
+
 int gpu_launch(gpu_ctx *g, void *fn, const char *name, const unsigned grid[3], const unsigned block[3],
                unsigned smem, void **args) {
   g->last_kernel = name;
   if (grid[0] == 0 || grid[1] == 0 || grid[2] == 0) return 0; /* nothing to do: not an error */
+  gpu_note_work(g, name);
   CUresult r = cu.LaunchKernel(fn, grid[0], grid[1], grid[2], block[0], block[1], block[2], smem, g->stream, args, NULL);
   if (r != CUDA_SUCCESS) {
     char what[256];

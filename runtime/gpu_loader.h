@@ -112,6 +112,12 @@ int gpu_event_new(gpu_ctx *g, void **ev);
 int gpu_event_record(gpu_ctx *g, void *ev);
 int gpu_event_elapsed(gpu_ctx *g, void *earlier, void *later, float *ms);
 void gpu_event_free(gpu_ctx *g, void *ev);
+/* A hook called before each kernel launch and each library call put on the stream (the kernel
+ * profile, MOEC_PROFILE=kernels); NULL removes it. Libraries name their calls with
+ * gpu_note_work; gpu_launch names its kernel. The name need not outlive the call. */
+typedef void (*gpu_work_hook)(void *ud, const char *name);
+void gpu_set_work_hook(gpu_ctx *g, gpu_work_hook hook, void *ud);
+void gpu_note_work(gpu_ctx *g, const char *name);
 /* 1 when the work before ev's record has finished, 0 not yet, -1 on an error; from any thread. */
 int gpu_event_done(void *ev);
 

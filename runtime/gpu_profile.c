@@ -5,6 +5,8 @@
 #include <string.h>
 #include <time.h>
 
+enum { KNAMES = 512 };
+
 struct gpu_profile {
   gpu_ctx *g;
   const ir_graph *graph;
@@ -14,7 +16,46 @@ struct gpu_profile {
   double *host_t;     /* (n_nodes + 1) host clock at each mark this step, ms */
   double *host_ms;    /* (n_nodes) host time spent submitting the op, summed */
   int steps, skip, seen;
+  /* MOEC_PROFILE=kernels: an event before each launch or library call as well (gpu_work_hook),
+   * each interval charged to the work that starts it; an op's mark starts a "(gap)" interval,
+   * the GPU idle while the host issues */
+  int kernels;
+  void **kev;              /* (kcap) events, reused from step to step */
+  int *krec;               /* (kcap) this step's records: name index */
+  int kn, kcap;
+  char *names[KNAMES];     /* interned work names */
+  double name_ms[KNAMES];  /* summed over counted steps */
+  long name_calls[KNAMES];
+  int n_names;
 };
+
+/* Index of name in the table, added when new; -1 when the table is full. */
+static int intern(gpu_profile *p, const char *name) {
+  for (int i = 0; i < p->n_names; i++)
+    if (strcmp(p->names[i], name) == 0) return i;
+  if (p->n_names == KNAMES || !(p->names[p->n_names] = strdup(name))) return -1;
+  return p->n_names++;
+}
+
+/* Records an event now, charged to name (the kernel about to be launched). */
+static void kernel_mark(gpu_profile *p, const char *name) {
+  if (p->kn == p->kcap) {
+    int cap = p->kcap ? 2 * p->kcap : 4096;
+    void **ev = realloc(p->kev, (size_t)cap * sizeof *ev);
+    if (ev) p->kev = ev;
+    int *rec = realloc(p->krec, (size_t)cap * sizeof *rec);
+    if (rec) p->krec = rec;
+    if (!ev || !rec) return;
+    for (int i = p->kcap; i < cap; i++) p->kev[i] = NULL;
+    p->kcap = cap;
+  }
+  if (!p->kev[p->kn] && gpu_event_new(p->g, &p->kev[p->kn]) != 0) return;
+  const int id = intern(p, name);
+  if (id < 0 || gpu_event_record(p->g, p->kev[p->kn]) != 0) return;
+  p->krec[p->kn++] = id;
+}
+
+static void on_work(void *ud, const char *name) { kernel_mark(ud, name); }
 
 gpu_profile *gpu_profile_from_env(gpu_ctx *g, const ir_graph *graph) {
   const char *e = getenv("MOEC_PROFILE");
@@ -35,6 +76,10 @@ gpu_profile *gpu_profile_from_env(gpu_ctx *g, const ir_graph *graph) {
       gpu_profile_free(p);
       return NULL;
     }
+  if (strcmp(e, "kernels") == 0) {
+    p->kernels = 1;
+    gpu_set_work_hook(g, on_work, p);
+  }
   return p;
 }
 
@@ -48,6 +93,7 @@ void gpu_profile_mark(gpu_profile *p, int id) {
   if (!p) return;
   p->host_t[id] = now_ms();
   if (gpu_event_record(p->g, p->ev[id]) == 0) p->hit[id] = 1;
+  if (p->kernels) kernel_mark(p, id == p->graph->n_nodes ? "(end of step)" : "(gap: the GPU waits for the host)");
 }
 
 void gpu_profile_step_done(gpu_profile *p) {
@@ -62,8 +108,14 @@ void gpu_profile_step_done(gpu_profile *p) {
       if (prev >= 0) p->host_ms[prev] += p->host_t[i] - p->host_t[prev];
       prev = i;
     }
+    for (int i = 0; i + 1 < p->kn; i++) {
+      float ms = 0;
+      if (gpu_event_elapsed(p->g, p->kev[i], p->kev[i + 1], &ms) == 0) p->name_ms[p->krec[i]] += ms;
+      p->name_calls[p->krec[i]]++;
+    }
     p->steps++;
   }
+  p->kn = 0;
   memset(p->hit, 0, (size_t)n + 1);
 }
 
@@ -113,10 +165,26 @@ void gpu_profile_print(const gpu_profile *p, FILE *out) {
             nd->loc.file ? nd->loc.file : "?", nd->loc.line);
   }
   free(nodes);
+  if (!p->kernels) return;
+  int order_k[KNAMES];
+  for (int i = 0; i < p->n_names; i++) order_k[i] = i;
+  sort_key = p->name_ms;
+  qsort(order_k, (size_t)p->n_names, sizeof order_k[0], by_time_desc);
+  fprintf(out, "  kernels and library calls (MOEC_PROFILE=kernels; each until the next one starts):\n");
+  fprintf(out, "  %-48s %10s %6s %8s\n", "kernel", "ms/step", "%", "calls");
+  for (int k = 0; k < 48 && k < p->n_names && p->name_calls[order_k[k]] > 0; k++)
+    fprintf(out, "  %-48s %10.3f %6.1f %8.0f\n", p->names[order_k[k]], p->name_ms[order_k[k]] / p->steps,
+            100 * p->name_ms[order_k[k]] / p->steps / total, (double)p->name_calls[order_k[k]] / p->steps);
 }
 
 void gpu_profile_free(gpu_profile *p) {
   if (!p) return;
+  if (p->kernels) gpu_set_work_hook(p->g, NULL, NULL);
+  for (int i = 0; i < p->kcap; i++)
+    if (p->kev && p->kev[i]) gpu_event_free(p->g, p->kev[i]);
+  free(p->kev);
+  free(p->krec);
+  for (int i = 0; i < p->n_names; i++) free(p->names[i]);
   if (p->ev)
     for (int i = 0; i <= p->graph->n_nodes; i++) gpu_event_free(p->g, p->ev[i]);
   free(p->ev);

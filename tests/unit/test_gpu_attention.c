@@ -304,7 +304,7 @@ static void timing(int64_t hd, int cudnn_only) {
          (long long)S, (long long)nh, (long long)nkv, (long long)hd, fl_fwd * 1e-9, fl_bwd * 1e-9);
   double gf = NAN, gb = NAN;
   if (!cudnn_only) {
-    gpu_attention *a = make_attention(NULL, NULL, NULL);
+    gpu_attention *a = make_attention(NULL, NULL, "flash");
     if (!a) return;
     gf = time_ms(a, &d, 0, 1, q, k, v, out, dout, packed, 1, 3);
     gb = time_ms(a, &d, 1, 1, q, k, v, out, dout, packed, 1, 3);
@@ -316,7 +316,7 @@ static void timing(int64_t hd, int cudnn_only) {
   for (int vi = 0; vi < (cudnn_only ? 1 : 8); vi++) {
     char s[16], fname[64] = "", bname[64] = "";
     snprintf(s, sizeof s, "%d", vi);
-    gpu_attention *av = make_attention(s, s, NULL);
+    gpu_attention *av = make_attention(s, s, "flash"); /* cuDNN is the default where it loads */
     if (!av) break;
     /* a variant index past the list falls back to the default: stop when the names repeat */
     gpu_attention_flash_variant(av, hd, 0, fname, sizeof fname);
@@ -442,7 +442,7 @@ int main(int argc, char **argv) {
     printf("test_gpu_attention --cudnn: %d failures\n", failures);
     return failures ? 1 : 0;
   }
-  gpu_attention *a = make_attention(NULL, NULL, NULL);
+  gpu_attention *a = make_attention(NULL, NULL, "flash");
   if (!a) return 1;
   static const int64_t seqs[] = {64, 200, 1024}, heads[][2] = {{16, 8}, {6, 2}}, hds[] = {64, 128};
   ref_case keep[4]; /* seq 1024 bf16 cases, for the variants */
@@ -491,7 +491,7 @@ int main(int argc, char **argv) {
   for (int vi = 1; vi < 8 && !quick; vi++) {
     char s[16];
     snprintf(s, sizeof s, "%d", vi);
-    gpu_attention *av = make_attention(s, s, NULL);
+    gpu_attention *av = make_attention(s, s, "flash"); /* cuDNN is the default where it loads */
     if (!av) break;
     int any = 0;
     for (int i = 0; i < n_keep; i++) {
