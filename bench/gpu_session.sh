@@ -14,10 +14,10 @@
 #   determinism  l0_sanity 300 steps on chr20, twice with MOEC_DETERMINISTIC=1 and twice
 #            without, side by side: are the logs (loss, grad norm, val) identical? [120 s]
 # benchmarks (bench/run_bench.sh: moec and the peer in the same call)
-#   genos    genos_1b bf16 naive + peer                                         [200 s]
-#   profile  genos_1b bf16 naive with MOEC_PROFILE=kernels (reuses genos's peer)      [120 s]
+#   genos    genos_1b bf16 default (fused experts) + peer              [200 s]
+#   profile  genos_1b bf16 default, MOEC_PROFILE=kernels (reuses the peer)    [120 s]
 #   fused    genos_1b bf16 and mxfp8 on the fused pipeline (reuses the peer)    [300 s]
-#   og2      og2_8x1b bf16 naive + peer                                         [240 s]
+#   og2      og2_8x1b bf16 default + peer                               [240 s]
 #   og2fused og2_8x1b bf16 on the fused pipeline (+ peer unless og2/og2fp8 ran)  [240 s]
 #   fusedprof genos_1b bf16 fused with MOEC_PROFILE=kernels (+ peer unless genos/fp8prof/fused ran) [150 s]
 #   og2fp8   og2_8x1b mxfp8(block=128) fused (FP8 expert GEMMs) + peer          [240 s]

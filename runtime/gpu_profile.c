@@ -76,10 +76,7 @@ gpu_profile *gpu_profile_from_env(gpu_ctx *g, const ir_graph *graph) {
       gpu_profile_free(p);
       return NULL;
     }
-  if (strcmp(e, "kernels") == 0) {
-    p->kernels = 1;
-    gpu_set_work_hook(g, on_work, p);
-  }
+  p->kernels = strcmp(e, "kernels") == 0;
   return p;
 }
 
@@ -93,7 +90,10 @@ void gpu_profile_mark(gpu_profile *p, int id) {
   if (!p) return;
   p->host_t[id] = now_ms();
   if (gpu_event_record(p->g, p->ev[id]) == 0) p->hit[id] = 1;
-  if (p->kernels) kernel_mark(p, id == p->graph->n_nodes ? "(end of step)" : "(gap: the GPU waits for the host)");
+  if (!p->kernels) return;
+  /* the hook is this step's alone: a second executor (validation) keeps its own profile */
+  kernel_mark(p, id == p->graph->n_nodes ? "(end of step)" : "(gap: the GPU waits for the host)");
+  gpu_set_work_hook(p->g, id == p->graph->n_nodes ? NULL : on_work, id == p->graph->n_nodes ? NULL : p);
 }
 
 void gpu_profile_step_done(gpu_profile *p) {
@@ -179,7 +179,7 @@ void gpu_profile_print(const gpu_profile *p, FILE *out) {
 
 void gpu_profile_free(gpu_profile *p) {
   if (!p) return;
-  if (p->kernels) gpu_set_work_hook(p->g, NULL, NULL);
+  if (p->kernels) gpu_set_work_hook(p->g, NULL, NULL); /* a step cut short left it set */
   for (int i = 0; i < p->kcap; i++)
     if (p->kev && p->kev[i]) gpu_event_free(p->g, p->kev[i]);
   free(p->kev);

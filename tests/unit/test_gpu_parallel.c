@@ -2,7 +2,7 @@
  *  1. gpu_comm's host-staged transport, 2 ranks as threads on GPU 0: all_reduce_sum (f32 in
  *     rank order bit for bit, bf16 summed in f32 and rounded once, i32) and all_to_all_v with
  *     uneven and empty segments, against sums and copies made on the host;
- *  2. `moec train --device cuda` on tiny (fp32, 6 steps) at dp=2 (naive experts), ep=2 and
+ *  2. `moec train --device cuda` on tiny (fp32, 6 steps) at dp=2 (the default: fused experts), ep=2 and
  *     ep=2 x dp=2 (fused experts), ranks as threads on one GPU through the host-staged
  *     transport: the same losses, grad norms, weights and Adam moments as one rank on the GPU
  *     (<= 1e-5 relative, as test_parallel on the CPU);
@@ -26,6 +26,7 @@
 #define SMALL "--set hidden=32 --set ffn=48 --set seq=64 --set batch=4 --set heads=4 --set kv_heads=2 " \
               "--set val_every=0 --val-batches 1 --device cuda --steps 6 --set precision=fp32"
 /* the fused experts for every run that compares with ep > 1 (one rank too: the same sums) */
+#define NAIVE "--disable-pass=group-linear,grouped-mlp" /* the per-expert linears (the default is fused) */
 #define FUSED "--passes=lower,group-linear,grouped-mlp,parallelize,autodiff,sync,fold-grad-cast,dce"
 
 static const char *moec;
@@ -170,9 +171,9 @@ int main(void) {
 
   /* 2. ranks as threads sharing GPU 0 through host memory */
   const char *host = "CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0} MOEC_GPU_COMM=host";
-  CHECK(run(host, "", "", "one") == 0, "one rank (naive experts) failed");
+  CHECK(run(host, "", NAIVE, "one") == 0, "one rank (naive experts) failed");
   CHECK(run(host, "", FUSED, "onef") == 0, "one rank (fused experts) failed");
-  CHECK(run(host, "", "--set dp=2", "dp2") == 0, "dp=2 failed");
+  CHECK(run(host, "", NAIVE " --set dp=2", "dp2") == 0, "dp=2 failed");
   CHECK(run(host, "", FUSED " --set ep=2", "ep2") == 0, "ep=2 failed");
   CHECK(run(host, "", FUSED " --set ep=2 --set dp=2", "ep2dp2") == 0, "ep=2 x dp=2 failed");
   CHECK(run(host, "", "--set ep=2", "ep2d") == 0, "ep=2 with the driver's default passes failed");
@@ -188,7 +189,7 @@ int main(void) {
   if (ngpus < 2 || gpu_nccl_load(NULL, nerr, sizeof nerr) != 0) {
     printf("SKIP (NCCL part): %s\n", ngpus < 2 ? "needs 2 GPUs (one per rank)" : nerr);
   } else {
-    CHECK(run("MOEC_GPU_COMM=nccl", "", "--set dp=2", "ncdp2") == 0, "dp=2 over NCCL failed");
+    CHECK(run("MOEC_GPU_COMM=nccl", "", NAIVE " --set dp=2", "ncdp2") == 0, "dp=2 over NCCL failed");
     CHECK(run("MOEC_GPU_COMM=nccl", "", FUSED " --set ep=2", "ncep2") == 0, "ep=2 over NCCL failed");
     char launch[1200];
     snprintf(launch, sizeof launch, "%s launch -n 2", moec);
