@@ -233,16 +233,17 @@ static const char *const src =
     "}\n"
     "\n"
     "// ck_grouped_mlp_bwd after its GEMM: out[r] (W columns) = dg | du | act | dp | zeros from dact\n"
-    "// (f32), the saved gate_up and p. One block per row; dp summed in double.\n"
+    "// (f32), the saved gate_up (rows ldg apart: a window of grouped_mlp's output) and p. One\n"
+    "// block per row; dp summed in double.\n"
     "template <class TG, class TO>\n"
-    "__device__ void mlp_bwd_rows(const float *dact, const TG *gu, const float *p, TO *out, i64 S, i64 F, i64 W) {\n"
+    "__device__ void mlp_bwd_rows(const float *dact, const TG *gu, i64 ldg, const float *p, TO *out, i64 S, i64 F, i64 W) {\n"
     "  __shared__ double sh[32];\n"
     "  const i64 r = blockIdx.x;\n"
     "  if (r >= S) return;\n"
     "  const float pr = p[r];\n"
     "  double dp = 0.0;\n"
     "  for (i64 c = threadIdx.x; c < F; c += blockDim.x) {\n"
-    "    const float g = ld(gu + r * 2 * F + c), u = ld(gu + r * 2 * F + F + c), d = dact[r * F + c];\n"
+    "    const float g = ld(gu + r * ldg + c), u = ld(gu + r * ldg + F + c), d = dact[r * F + c];\n"
     "    const float sg = sigm(g), s = g * sg, a = s * u;\n"
     "    dp += (double)d * a;\n"
     "    float da = pr * d;\n"
@@ -254,6 +255,48 @@ static const char *const src =
     "  dp = block_sum(dp, sh);\n"
     "  if (threadIdx.x == 0) st(out + r * W + 3 * F, (float)dp);\n"
     "  for (i64 c = 3 * F + 1 + threadIdx.x; c < W; c += blockDim.x) st(out + r * W + c, 0.0f);\n"
+    "}\n"
+    "\n"
+    "// The same with the pieces apart (the executor's split layout, runtime/gpu_views.h): dg | du\n"
+    "// (S, 2F) and act (S, F) in bf16, dense, each the f32 value rounded as a cast to bf16 would;\n"
+    "// dp (S) in f32. 8 columns a thread where F % 8 == 0 and the rows are 16-byte aligned.\n"
+    "template <class TG>\n"
+    "__device__ void mlp_bwd_split(const float *dact, const TG *gu, i64 ldg, const float *p, bf16 *dgu, bf16 *act,\n"
+    "                              float *dpo, i64 S, i64 F) {\n"
+    "  __shared__ double sh[32];\n"
+    "  const i64 r = blockIdx.x;\n"
+    "  if (r >= S) return;\n"
+    "  const float pr = p[r];\n"
+    "  const TG *g0 = gu + r * ldg, *u0 = g0 + F;\n"
+    "  const float *d0 = dact + r * F;\n"
+    "  bf16 *dg = dgu + r * 2 * F, *du = dg + F, *ao = act + r * F;\n"
+    "  const bool vec = F % 8 == 0 && aligned16(g0) && aligned16(u0) && aligned16(d0) && aligned16(dg) && aligned16(du) &&\n"
+    "                   aligned16(ao);\n"
+    "  double dp = 0.0;\n"
+    "  auto body = EW_BODY {\n"
+    "    EW_N;\n"
+    "    float g[N], u[N], d[N], vg[N], vu[N], va[N];\n"
+    "    ldn<N>(g0 + i, g);\n"
+    "    ldn<N>(u0 + i, u);\n"
+    "    ldn<N>(d0 + i, d);\n"
+    "#pragma unroll\n"
+    "    for (int j = 0; j < N; j++) {\n"
+    "      const float sg = sigm(g[j]), s = g[j] * sg, a = s * u[j];\n"
+    "      dp += (double)d[j] * a;\n"
+    "      const float da = pr * d[j];\n"
+    "      vu[j] = da * s;\n"
+    "      va[j] = pr * a;\n"
+    "      vg[j] = da * u[j] * sg * (1.0f + g[j] * (1.0f - sg));\n"
+    "    }\n"
+    "    stn<N>(dg + i, vg);\n"
+    "    stn<N>(du + i, vu);\n"
+    "    stn<N>(ao + i, va);\n"
+    "  };\n"
+    "  const i64 n8 = vec ? F / 8 * 8 : 0;\n"
+    "  for (i64 c = (i64)threadIdx.x * 8; c < n8; c += (i64)blockDim.x * 8) body(width<8>(), c);\n"
+    "  for (i64 c = n8 + threadIdx.x; c < F; c += blockDim.x) body(width<1>(), c);\n"
+    "  dp = block_sum(dp, sh);\n"
+    "  if (threadIdx.x == 0) dpo[r] = (float)dp;\n"
     "}\n";
 
 static const char *const names[] = {"f32", "bf16"};
@@ -273,6 +316,9 @@ void cg_emit_grouped(cg_buf *b, const cg_variant *v, int emu) {
     cg_dtype_kv(kv, (cg_dtype)x, (cg_dtype)x);
     cg_entry(b, CG_NT_RED, "moec_grouped_colsum_${x}", "const ${X} *dy, const int *counts, float *db, i64 S, i64 N, int *err",
              "grouped_colsum<${X}>", kv, emu);
+    cg_entry(b, CG_NT_ROW, "moec_mlp_bwd_split_${x}",
+             "const float *dact, const ${X} *gu, i64 ldg, const float *p, bf16 *dgu, bf16 *act, float *dp, i64 S, i64 F",
+             "mlp_bwd_split<${X}>", kv, emu);
     cg_entry(b, CG_NT_EW, "moec_mlp_act_${x}", "const ${X} *gu, i64 ldg, const float *p, ${X} *act, i64 S, i64 F",
              "mlp_act<${X}>", kv, emu);
     for (int w = 0; w < CG_DT_COUNT; w++) {
@@ -290,8 +336,8 @@ void cg_emit_grouped(cg_buf *b, const cg_variant *v, int emu) {
                "const ${X} *x, ${W} *y, i64 rows, i64 w, i64 ldx, i64 sx, i64 ldy, i64 sy", "copy_cols<${X}, ${W}>", kv,
                emu);
       cg_entry(b, CG_NT_ROW, "moec_mlp_bwd_rows_${x}_${w}",
-               "const float *dact, const ${X} *gu, const float *p, ${W} *out, i64 S, i64 F, i64 W", "mlp_bwd_rows<${X}, ${W}>",
-               kv, emu);
+               "const float *dact, const ${X} *gu, i64 ldg, const float *p, ${W} *out, i64 S, i64 F, i64 W",
+               "mlp_bwd_rows<${X}, ${W}>", kv, emu);
       for (int c = 0; c < CG_DT_COUNT; c++) {
         const char *k3[] = {"X", ctypes[x], "x", names[x], "W", ctypes[w], "w", names[w], "C", ctypes[c], "c", names[c], NULL};
         cg_entry(b, CG_GT * CG_GT, "moec_ggemm_rows_${x}_${w}_${c}",

@@ -413,6 +413,10 @@ static int exec_CAST(gx *x, int id) {
   const dev_value *a = V(id, 0);
   if (N(N(id)->in[0])->op == OP_PARAM && DT(x, N(id)->in[0]) == CG_DT_F32 && DT(x, id) == CG_DT_BF16)
     return cast_param(x, id);
+  if (x->view[id] == VIEW_ALIAS && !x->keep_all) { /* a split piece, already bf16 (gpu_views.h); not owned */
+    x->val[id] = (dev_value){.p = a->p, .rows = a->rows, .numel = a->numel};
+    return 0;
+  }
   if (x->view[id] == VIEW_CAST && !x->keep_all) { /* its quantizes read a and round (gpu_views.h) */
     x->val[id] = (dev_value){.rows = a->rows, .numel = a->numel};
     return 0;
@@ -740,6 +744,12 @@ static int exec_SLICE_COLS(gx *x, int id) {
   const dev_value *a = V(id, 0);
   if (x->view[id] == VIEW_WINDOW && !x->keep_all) { /* its readers take their window of a in place */
     x->val[id] = (dev_value){.rows = a->rows, .numel = a->rows * COLS(id)};
+    return 0;
+  }
+  if (x->view[id] == VIEW_PIECE && !x->keep_all) { /* its piece of the split grouped_mlp_bwd; not owned */
+    int G = N(id)->in[0];
+    x->val[id] = (dev_value){.p = a->p + (gpu_ptr)gpu_split_offset(a->rows, ir_get_int(N(G), "ffn", 0), ir_get_int(N(id), "start", 0)),
+                             .rows = a->rows, .numel = a->rows * COLS(id)};
     return 0;
   }
   if (alloc_out(x, id, a->rows, 0)) return -1;
@@ -1297,27 +1307,49 @@ static int exec_GROUPED_MLP(gx *x, int id) {
 
 static int exec_GROUPED_MLP_BWD(gx *x, int id) {
   const dev_value *dy = V(id, 0);
-  int64_t E = DIMOF(id, 2, 0), H = INCOLS(id, 0), F = ir_get_int(N(id), "ffn", 0);
+  int64_t E = DIMOF(id, 2, 0), H = INCOLS(id, 0), F = ir_get_int(N(id), "ffn", 0), S = dy->rows;
   if (need_f32(x, id, N(id)->in[4], "the routing probabilities")) return -1;
-  if (alloc_out(x, id, dy->rows, 0)) return -1;
+  const int split = x->view[id] == VIEW_SPLIT && !x->keep_all;
+  if (!split && alloc_out(x, id, S, 0)) return -1;
+  if (split) { /* dg | du and act in bf16, dp in f32, apart (gpu_views.h) */
+    dev_value *v = &x->val[id];
+    *v = (dev_value){.rows = S, .numel = S * COLS(id), .bytes = (size_t)gpu_split_offset(S, F, 3 * F + 1)};
+    if (pool_get(x->rt, v->bytes > 0 ? v->bytes : 1, &v->p) != 0) {
+      v->bytes = 0;
+      return fail(x, id, "%s", gpu_error(x->rt->g));
+    }
+  }
+  /* the saved gate_up: a value, or a window of grouped_mlp's output (its rows ldg apart) */
+  int gu = N(id)->in[1];
+  gpu_ptr gup = V(id, 1)->p;
+  int64_t ldg = 2 * F;
+  if (x->view[gu] == VIEW_WINDOW && !gup) {
+    int src = N(gu)->in[0];
+    gup = x->val[src].p + (gpu_ptr)(ir_get_int(N(gu), "start", 0) * (int64_t)dsize(N(src)->type.dtype));
+    ldg = COLS(src);
+  }
   cg_dtype tdy = DT(x, N(id)->in[0]), tw = DT(x, N(id)->in[2]);
   if (x->fp8.site[id] || grouped_blas(x, tdy, tw)) {
     /* dact (S, F) f32 = dy . w_down[e]^T (FP8: w_down (E, F, H) along H, as is), then the
        rows: dg | du | act | dp */
     const int32_t *cnt = host_counts(x, id, N(id)->in[3], dy->rows);
     if (!cnt) return -1;
-    int64_t S = dy->rows;
     size_t dact_bytes = (size_t)((S + (x->fp8.site[id] ? 16 : 0)) * F > 0 ? (S + (x->fp8.site[id] ? 16 : 0)) * F : 1) * 4;
     gpu_ptr dact = 0;
     if (pool_get(x->rt, dact_bytes, &dact) != 0) return fail(x, id, "%s", gpu_error(x->rt->g));
     int rc = x->fp8.site[id] ? fp8_site_gemm(x, id, 0, 2, E, cnt, V(id, 3)->p, F, H, CG_DT_F32, dact, F)
                              : ggemm_blas(x, id, cnt, E, tdy, dy->p, H, tw, V(id, 2)->p, 1, CG_DT_F32, dact, F, F, H);
-    if (rc == 0)
-      rc = ck(x, id, rt_cuda_mlp_bwd_rows(KX, DT(x, N(id)->in[1]), DT(x, id), dact, V(id, 1)->p, V(id, 4)->p, x->val[id].p, S, F,
-                                          COLS(id)));
+    const gpu_ptr out = x->val[id].p;
+    if (rc == 0 && split)
+      rc = ck(x, id, rt_cuda_mlp_bwd_split(KX, DT(x, gu), dact, gup, ldg, V(id, 4)->p, out, out + gpu_split_offset(S, F, 2 * F),
+                                           out + gpu_split_offset(S, F, 3 * F), S, F));
+    else if (rc == 0)
+      rc = ck(x, id, rt_cuda_mlp_bwd_rows(KX, DT(x, gu), DT(x, id), dact, gup, ldg, V(id, 4)->p, out, S, F, COLS(id)));
     pool_put(x->rt, dact);
     return rc;
   }
+  if (split || gup != V(id, 1)->p) /* gpu_views_plan splits and windows only what runs on cuBLASLt */
+    return fail(x, id, "internal error: a split or windowed grouped_mlp_bwd off the cuBLASLt path");
   return ck(x, id, rt_cuda_grouped_mlp_bwd(KX, DT(x, N(id)->in[0]), DT(x, N(id)->in[1]), DT(x, N(id)->in[2]), DT(x, id), dy->p,
                                            V(id, 1)->p, V(id, 2)->p, V(id, 3)->p, V(id, 4)->p, x->val[id].p, dy->rows, E, H,
                                            F, COLS(id)));
@@ -1505,7 +1537,7 @@ gpu_exec *gpu_exec_new(gpu_runtime *rt, const ir_graph *g, char *err, size_t err
     gpu_exec_free(x);
     return NULL;
   }
-  gpu_views_plan(g, &x->fp8, x->last_use, x->view);
+  gpu_views_plan(g, &x->fp8, !x->grouped_device, x->last_use, x->view);
   if (plan_stacks(x, err, errlen) != 0) {
     gpu_exec_free(x);
     return NULL;

@@ -150,7 +150,7 @@ static const struct {
     {CG_FAM_GROUPED, "expert_probs", 0},      {CG_FAM_GROUPED, "grouped_colsum", 1},
     {CG_FAM_GROUPED, "mlp_act", 1},           {CG_FAM_GROUPED, "expert_permute", 2},
     {CG_FAM_GROUPED, "expert_unpermute", 2},  {CG_FAM_GROUPED, "expert_weight_grad", 2},
-    {CG_FAM_GROUPED, "copy_cols", 2},         {CG_FAM_GROUPED, "mlp_bwd_rows", 2},
+    {CG_FAM_GROUPED, "copy_cols", 2},         {CG_FAM_GROUPED, "mlp_bwd_rows", 2}, {CG_FAM_GROUPED, "mlp_bwd_split", 1},
     {CG_FAM_GROUPED, "ggemm_rows", 3},        {CG_FAM_GROUPED, "ggemm_wgrad", 3},
 };
 

@@ -221,10 +221,14 @@ int rt_cuda_grouped_mlp_bwd(rt_cuda *k, cg_dtype tdy, cg_dtype tgu, cg_dtype tw,
 /* The GroupedMLP's elementwise halves, for callers that run its GEMMs themselves:
  * act[r] (S, F) = p[r] * silu(g) * u with (g | u) = gu[r] (row stride ldg); and after
  * dact = dy . w_down^T (f32, (S, F)), out (S, W) = dg | du | act | dp | zeros (W >= 3F + 1: the
- * IR pads the row, ir_mlp_bwd_width). */
+ * IR pads the row, ir_mlp_bwd_width), gate_up's rows ldg apart (>= 2F: a window of a wider
+ * value). rt_cuda_mlp_bwd_split writes the pieces apart instead: dg | du (S, 2F) and act (S, F)
+ * in bf16 (rounded as a cast would), dp (S) in f32. */
 int rt_cuda_mlp_act(rt_cuda *k, cg_dtype t, gpu_ptr gu, int64_t ldg, gpu_ptr probs, gpu_ptr act, int64_t S, int64_t F);
-int rt_cuda_mlp_bwd_rows(rt_cuda *k, cg_dtype tgu, cg_dtype to, gpu_ptr dact, gpu_ptr gate_up, gpu_ptr probs, gpu_ptr out,
-                         int64_t S, int64_t F, int64_t W);
+int rt_cuda_mlp_bwd_rows(rt_cuda *k, cg_dtype tgu, cg_dtype to, gpu_ptr dact, gpu_ptr gate_up, int64_t ldg, gpu_ptr probs,
+                         gpu_ptr out, int64_t S, int64_t F, int64_t W);
+int rt_cuda_mlp_bwd_split(rt_cuda *k, cg_dtype tgu, gpu_ptr dact, gpu_ptr gate_up, int64_t ldg, gpu_ptr probs, gpu_ptr dgu,
+                          gpu_ptr act, gpu_ptr dp, int64_t S, int64_t F);
 
 /* ---- MXFP8 ---- */
 int rt_cuda_mxfp8_quantize(rt_cuda *k, cg_dtype t, gpu_ptr x /* (rows, cols) */, int64_t rows, int64_t cols,

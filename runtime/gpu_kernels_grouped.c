@@ -169,13 +169,22 @@ int rt_cuda_mlp_act(rt_cuda *k, cg_dtype t, gpu_ptr gu, int64_t ldg, gpu_ptr pro
   return rtk_launch(k, FAM, NULL, name, (uint64_t)ew_blocks(S * F), 1, CG_NT_EW, ARGS(&gu, &ldg, &probs_, &act, &S, &F));
 }
 
-int rt_cuda_mlp_bwd_rows(rt_cuda *k, cg_dtype tgu, cg_dtype to, gpu_ptr dact, gpu_ptr gate_up, gpu_ptr probs_, gpu_ptr out,
-                         int64_t S, int64_t F, int64_t W) {
+int rt_cuda_mlp_bwd_rows(rt_cuda *k, cg_dtype tgu, cg_dtype to, gpu_ptr dact, gpu_ptr gate_up, int64_t ldg, gpu_ptr probs_,
+                         gpu_ptr out, int64_t S, int64_t F, int64_t W) {
   if (W < 3 * F + 1) return rtk_fail(k, "mlp_bwd_rows: %lld columns for 3F + 1 = %lld (%s)", (long long)W, (long long)(3 * F + 1),
                                      ck_strerror(CK_ESHAPE));
   char name[64];
   KN("mlp_bwd_rows", 2, tgu, to);
-  return rtk_launch(k, FAM, NULL, name, (uint64_t)S, 1, CG_NT_ROW, ARGS(&dact, &gate_up, &probs_, &out, &S, &F, &W));
+  return rtk_launch(k, FAM, NULL, name, (uint64_t)S, 1, CG_NT_ROW, ARGS(&dact, &gate_up, &ldg, &probs_, &out, &S, &F, &W));
+}
+
+int rt_cuda_mlp_bwd_split(rt_cuda *k, cg_dtype tgu, gpu_ptr dact, gpu_ptr gate_up, int64_t ldg, gpu_ptr probs_, gpu_ptr dgu,
+                          gpu_ptr act, gpu_ptr dp, int64_t S, int64_t F) {
+  if (ldg < 2 * F) return rtk_fail(k, "mlp_bwd_split: gate_up rows %lld apart, narrower than 2F = %lld (%s)", (long long)ldg,
+                                   (long long)(2 * F), ck_strerror(CK_ESHAPE));
+  char name[64];
+  KN("mlp_bwd_split", 1, tgu);
+  return rtk_launch(k, FAM, NULL, name, (uint64_t)S, 1, CG_NT_ROW, ARGS(&dact, &gate_up, &ldg, &probs_, &dgu, &act, &dp, &S, &F));
 }
 
 int rt_cuda_grouped_mlp_bwd(rt_cuda *k, cg_dtype tdy, cg_dtype tgu, cg_dtype tw, cg_dtype to, gpu_ptr dy, gpu_ptr gate_up,
@@ -185,5 +194,5 @@ int rt_cuda_grouped_mlp_bwd(rt_cuda *k, cg_dtype tdy, cg_dtype tgu, cg_dtype tw,
   gpu_ptr dact = 0;
   if (rtk_scratch(k, (size_t)(S * F) * 4 + 256, &dact) != 0) return -1;
   if (rt_cuda_grouped_gemm(k, tdy, tw, CG_DT_F32, dy, H, w_down, 1, counts, dact, F, S, E, F, H) != 0) return -1;
-  return rt_cuda_mlp_bwd_rows(k, tgu, to, dact, gate_up, probs_, out, S, F, W);
+  return rt_cuda_mlp_bwd_rows(k, tgu, to, dact, gate_up, 2 * F, probs_, out, S, F, W);
 }

@@ -21,6 +21,47 @@ static int reads_cast(const ir_graph *g, const gpu_fp8_plan *fp8, int id) {
   return n->op == OP_MXFP8_QUANTIZE && !fp8->values[id] && ((k == FP8_ROWS && n->n_in == 1) || k == FP8_COLS);
 }
 
+/* The executor's storage class of an IR dtype (e4m3 values are kept in bf16). */
+static int stored_bf16(ir_dtype t) { return t == DT_BF16 || t == DT_E4M3; }
+
+/* A grouped_mlp_bwd that runs its GEMM on cuBLASLt (FP8, or bf16 / f32 operands alike), then
+ * the rows kernel, which can read gate_up as a window and write the pieces apart. */
+static int mlp_bwd_on_blas(const ir_graph *g, const gpu_fp8_plan *fp8, int blas, int id) {
+  const ir_node *n = &g->nodes[id];
+  return blas && n->op == OP_GROUPED_MLP_BWD &&
+         (fp8->site[id] || stored_bf16(g->nodes[n->in[0]].type.dtype) == stored_bf16(g->nodes[n->in[2]].type.dtype));
+}
+
+static int is_output(const ir_graph *g, int v) {
+  for (int i = 0; i < g->n_outputs; i++)
+    if (g->outputs[i] == v) return 1;
+  return 0;
+}
+
+/* A grouped_mlp_bwd G whose every reader is a slice of dg | du (0, 2F) or act (2F, F), read
+ * only by casts to bf16, or of dp (3F, 1); none of them a graph output. */
+static int splits(const ir_graph *g, const gpu_fp8_plan *fp8, int blas, int G) {
+  const ir_node *n = &g->nodes[G];
+  int64_t F = ir_get_int(n, "ffn", 0);
+  if (!mlp_bwd_on_blas(g, fp8, blas, G) || n->type.dtype != DT_F32 || n->type.rank != 2 || F < 8 || F % 8 != 0 ||
+      cols(n) < 3 * F + 1 || is_output(g, G))
+    return 0;
+  for (int s = G + 1; s < g->n_nodes; s++)
+    for (int j = 0; j < g->nodes[s].n_in; j++) {
+      if (g->nodes[s].in[j] != G) continue;
+      const ir_node *sl = &g->nodes[s];
+      int64_t start = ir_get_int(sl, "start", -1), w = cols(sl);
+      if (sl->op != OP_SLICE_COLS || is_output(g, s) ||
+          !((start == 0 && w == 2 * F) || (start == 2 * F && w == F) || (start == 3 * F && w == 1)))
+        return 0;
+      for (int c = s + 1; start < 3 * F && c < g->n_nodes; c++)
+        for (int k = 0; k < g->nodes[c].n_in; k++)
+          if (g->nodes[c].in[k] == s && (g->nodes[c].op != OP_CAST || g->nodes[c].type.dtype != DT_BF16 || is_output(g, c)))
+            return 0;
+    }
+  return 1;
+}
+
 static int only_read_by_grads(const ir_graph *g, int v) {
   for (int id = v + 1; id < g->n_nodes; id++)
     for (int j = 0; j < g->nodes[id].n_in; j++)
@@ -59,8 +100,10 @@ static int stack_of_param_casts(const ir_graph *g, const int *last_use, int s) {
  * - a cast f32 -> bf16 (of grouped_mlp_bwd's pieces) read only by FP8-packing quantizes;
  * - an unstack of an expert's whole rows in the stacked dtype (the down projection's weight
  *   gradient), or of a column window read only by the optimizer (gate and up);
- * - a stack of parameter casts (the expert weights), and those casts. */
-void gpu_views_plan(const ir_graph *g, const gpu_fp8_plan *fp8, int *last_use, uint8_t *view) {
+ * - a stack of parameter casts (the expert weights), and those casts;
+ * - a grouped_mlp_bwd read through slices and casts to bf16: its pieces written apart (split),
+ *   which replaces its slices' windows and casts (gpu_views.h). */
+void gpu_views_plan(const ir_graph *g, const gpu_fp8_plan *fp8, int blas, int *last_use, uint8_t *view) {
   for (int id = 0; id < g->n_nodes; id++) {
     const ir_node *nd = &g->nodes[id];
     int in0 = nd->n_in ? nd->in[0] : 0;
@@ -83,9 +126,21 @@ void gpu_views_plan(const ir_graph *g, const gpu_fp8_plan *fp8, int *last_use, u
   for (int id = 0; id < g->n_nodes; id++)
     for (int j = 0; j < g->nodes[id].n_in; j++) {
       int v = g->nodes[id].in[j];
-      if ((view[v] == VIEW_WINDOW && !reads_window(g, fp8, id)) || (view[v] == VIEW_CAST && !reads_cast(g, fp8, id)))
-        view[v] = VIEW_NONE;
+      /* grouped_mlp_bwd reads its saved gate_up (input 1) with a row stride */
+      int window_ok = reads_window(g, fp8, id) || (j == 1 && mlp_bwd_on_blas(g, fp8, blas, id));
+      if ((view[v] == VIEW_WINDOW && !window_ok) || (view[v] == VIEW_CAST && !reads_cast(g, fp8, id))) view[v] = VIEW_NONE;
     }
+  for (int G = 0; G < g->n_nodes; G++) {
+    if (!splits(g, fp8, blas, G)) continue;
+    view[G] = VIEW_SPLIT;
+    const int64_t F = ir_get_int(&g->nodes[G], "ffn", 0);
+    for (int s = G + 1; s < g->n_nodes; s++) {
+      if (!g->nodes[s].n_in || g->nodes[s].in[0] != G) continue;
+      view[s] = VIEW_PIECE;
+      for (int c = s + 1; ir_get_int(&g->nodes[s], "start", 0) < 3 * F && c < g->n_nodes; c++)
+        if (g->nodes[c].n_in && g->nodes[c].in[0] == s) view[c] = VIEW_ALIAS; /* a cast to bf16 (splits) */
+    }
+  }
   /* every link of a chain lives to the reader: a link with a pointer (a slab, an alias) is read
      through the link above it, and the root holds the memory */
   for (int id = 0; id < g->n_nodes; id++)

@@ -13,21 +13,37 @@
 typedef enum {
   VIEW_NONE = 0,
   VIEW_WINDOW = 1, /* a slice_cols that writes nothing: its readers take their window of its input */
-  VIEW_ALIAS = 2,  /* an mxfp8_dequantize e4m3 -> bf16 (e4m3 values are stored in bf16): its input's buffer */
+  VIEW_ALIAS = 2,  /* an mxfp8_dequantize e4m3 -> bf16 (e4m3 values are stored in bf16), or a cast to bf16
+                      of a split piece stored in bf16 (VIEW_PIECE): its input's buffer */
   VIEW_CAST = 3,   /* a cast f32 -> bf16 that writes nothing: its readers (FP8-packing quantizes) read its
                       input, or that slice's window, and round to bf16 themselves */
   VIEW_SLAB = 4,   /* an unstack of whole rows (one expert's contiguous slab): a pointer into its input */
   VIEW_STRIDED = 5, /* an unstack of a column window (a gate or up part of a stacked gradient) read only by
                        adamw and grad_norm: a pointer into its input with the input's row stride */
-  /* no chains past these two: their storage is the parameters' persistent bf16 copies */
-  VIEW_STACKED = 6,  /* a stack of casts of f32 parameters: the copies, laid out stacked (AdamW writes
+  VIEW_PIECE = 6,  /* a slice_cols of a split grouped_mlp_bwd: a pointer to its dense piece */
+  /* no chains past these: the stacks' storage is the parameters' persistent bf16 copies, and a
+     split grouped_mlp_bwd writes its own buffer */
+  VIEW_STACKED = 7,  /* a stack of casts of f32 parameters: the copies, laid out stacked (AdamW writes
                         each parameter's copy into its window), so the stack copies nothing */
-  VIEW_IN_STACK = 7, /* such a cast: writes nothing (its parameter's copy is a window of the stack) */
+  VIEW_IN_STACK = 8, /* such a cast: writes nothing (its parameter's copy is a window of the stack) */
+  VIEW_SPLIT = 9,    /* a grouped_mlp_bwd (f32, (S, W)) read only through slices of its dg | du and act,
+                        each only cast to bf16, and of its dp: writes its pieces apart, in one buffer:
+                        dg | du (S, 2F) and act (S, F) in bf16, then dp (S) in f32 (gpu_split_offset);
+                        the slices are pieces, their casts aliases. Where the GEMMs are cuBLASLt's only */
+  VIEW_KINDS
 } gpu_view;
 
+/* Byte offset in a split grouped_mlp_bwd's buffer (S rows, ffn F) of the piece that starts at
+ * column `start` of its IR value (0: dg | du, 2F: act, 3F: dp); its size in bytes when start is
+ * past the end (the whole buffer). */
+static inline int64_t gpu_split_offset(int64_t S, int64_t F, int64_t start) {
+  return start >= 3 * F + 1 ? S * 3 * F * 2 + S * 4 : start >= 3 * F ? S * 3 * F * 2 : start >= 2 * F ? S * 2 * F * 2 : 0;
+}
+
 /* view (n_nodes) <- each node's gpu_view; last_use raised so that every link of a view chain
- * lives until the chain's readers. fp8: the graph's FP8 plan (all zero: no FP8). */
-void gpu_views_plan(const ir_graph *g, const gpu_fp8_plan *fp8, int *last_use, uint8_t *view);
+ * lives until the chain's readers. fp8: the graph's FP8 plan (all zero: no FP8). blas: the
+ * grouped GEMMs run on cuBLASLt (not MOEC_GROUPED_GEMM=device), the only path that splits. */
+void gpu_views_plan(const ir_graph *g, const gpu_fp8_plan *fp8, int blas, int *last_use, uint8_t *view);
 /* The value a chain of views reads in the end (v itself when v is no view, or a view whose
  * storage is persistent). */
 int gpu_view_root(const ir_graph *g, const uint8_t *view, int v);

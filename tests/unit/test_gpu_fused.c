@@ -9,7 +9,8 @@
  * the routing weights' gradient (double sums in another order); rtol 1e-5 plus 1e-5 of the
  * largest value for the grouped GEMMs and the GroupedMLP in f32 (float sums in another
  * order); bf16 outputs one bf16 rounding more, and the bf16 GroupedMLP 2e-2 (its rounded
- * intermediates may land one bf16 step apart).
+ * intermediates may land one bf16 step apart). The split backward rows (bf16 pieces) bit for
+ * bit the f32 rows rounded, their dp 1e-6.
  */
 #include <math.h>
 #include <stdint.h>
@@ -187,6 +188,37 @@ static void test_grouped_mlp(cg_dtype t) {
   dfree_all();
 }
 
+/* rt_cuda_mlp_bwd_split (the executor's split layout, gpu_views.h) against rt_cuda_mlp_bwd_rows
+ * on the same inputs, gate_up read as a window (rows ldg > 2F apart, from column 8): dg | du and
+ * act bit for bit the rows' f32 values rounded to bf16 (as the casts it replaces round them);
+ * dp to rtol 1e-6 (double sums in another order). */
+static void test_mlp_bwd_split(cg_dtype t) {
+  const int64_t ldg = 2 * F + 16, WB = 3 * F + 4;
+  float *gu = rnd(S * ldg, -2, 2, t), *dact = rnd(S * F, -1, 1, CG_DT_F32), *p = rnd(S, 0.1f, 1, CG_DT_F32);
+  float *rows = falloc(S * WB), *want = falloc(S * 3 * F), *got = falloc(S * 3 * F), *dpw = falloc(S), *dpg = falloc(S);
+  gpu_ptr dgu = up_f(gu, S * ldg, t), dd = up_f(dact, S * F, CG_DT_F32), dp = up_f(p, S, CG_DT_F32);
+  gpu_ptr drows = dmalloc((size_t)(S * WB) * 4), dsplit = dmalloc((size_t)(S * 3 * F) * 2 + (size_t)S * 4);
+  const gpu_ptr window = dgu + (gpu_ptr)(8 * dts(t)), act = dsplit + (gpu_ptr)(S * 2 * F * 2), dpo = dsplit + (gpu_ptr)(S * 3 * F * 2);
+  RUN(rt_cuda_mlp_bwd_rows(K, t, CG_DT_F32, dd, window, ldg, dp, drows, S, F, WB));
+  RUN(rt_cuda_mlp_bwd_split(K, t, dd, window, ldg, dp, dsplit, act, dpo, S, F));
+  get_f(rows, drows, S * WB, CG_DT_F32);
+  for (int64_t r = 0; r < S; r++) {
+    memcpy(want + r * 2 * F, rows + r * WB, (size_t)(2 * F) * 4);
+    memcpy(want + S * 2 * F + r * F, rows + r * WB + 2 * F, (size_t)F * 4);
+    dpw[r] = rows[r * WB + 3 * F];
+  }
+  get_f(got, dsplit, S * 3 * F, CG_DT_BF16);
+  char what[64];
+  snprintf(what, sizeof what, "mlp_bwd_split dg|du, act (gate_up %s)", cg_dtype_name(t));
+  cmp(what, got, want, S * 3 * F, CG_DT_BF16, -1, 0);
+  get_f(dpg, dpo, S, CG_DT_F32);
+  snprintf(what, sizeof what, "mlp_bwd_split dp (gate_up %s)", cg_dtype_name(t));
+  cmp(what, dpg, dpw, S, CG_DT_F32, 1e-6, 1e-6 * maxabs(dpw, S));
+  expect_flag("mlp_bwd_split", CK_OK);
+  free(gu), free(dact), free(p), free(rows), free(want), free(got), free(dpw), free(dpg);
+  dfree_all();
+}
+
 int main(void) {
   double t0 = ck_now();
   uint64_t seed;
@@ -199,6 +231,7 @@ int main(void) {
     test_copy_cols((cg_dtype)t);
     for (int w = 0; w < CG_DT_COUNT; w++) test_grouped_gemm((cg_dtype)t, (cg_dtype)w);
     test_grouped_mlp((cg_dtype)t);
+    test_mlp_bwd_split((cg_dtype)t);
   }
   rt_cuda_free(K);
   gpu_close(G);

@@ -11,7 +11,11 @@
  *   their casts writes nothing, and no AdamW of those parameters runs before the stack's last
  *   reader;
  * - without FP8 (bf16) no cast view, the other kinds still;
- * - a stack one of whose casts another op reads too (before the stack) is no stacked view. */
+ * - a stack one of whose casts another op reads too (before the stack) is no stacked view;
+ * - where the grouped GEMMs run on cuBLASLt, each grouped_mlp_bwd writes its pieces apart
+ *   (split): its readers are all pieces, a dg | du or act piece is read only by casts, which
+ *   are aliases; the saved gate_up's slice (bf16) is a window grouped_mlp_bwd reads; with the
+ *   device grouped GEMMs (blas 0) neither. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,15 +25,16 @@
 #include "check.h"
 #include "tiny_step.h"
 
-/* Counts of each view kind in g's plan (fp8 on or off), after checking its invariants. */
-static void check_plan(const char *precision, int fp8_on, int counts[8]) {
+/* Counts of each view kind in g's plan (fp8 on or off, cuBLASLt grouped GEMMs or not), after
+ * checking its invariants. */
+static void check_plan(const char *precision, int fp8_on, int blas, int counts[VIEW_KINDS]) {
   ir_graph *g = tiny_step(precision);
   int *last = tiny_last_uses(g, 1);
   gpu_fp8_plan p;
   CHECK(gpu_fp8_plan_new(g, fp8_on, last, &p) == 0, "fp8 plan");
   uint8_t *view = calloc((size_t)g->n_nodes + 1, 1);
-  gpu_views_plan(g, &p, last, view);
-  memset(counts, 0, 8 * sizeof *counts);
+  gpu_views_plan(g, &p, blas, last, view);
+  memset(counts, 0, VIEW_KINDS * sizeof *counts);
   for (int id = 0; id < g->n_nodes; id++) counts[view[id]]++;
   for (int i = 0; i < g->n_outputs; i++) CHECK(!view[g->outputs[i]], "output %%%d is a view", g->outputs[i]);
   for (int id = 0; id < g->n_nodes; id++) {
@@ -40,8 +45,13 @@ static void check_plan(const char *precision, int fp8_on, int counts[8]) {
         CHECK(n->op == OP_MXFP8_QUANTIZE && p.kind[id] != FP8_NONE && !p.values[id],
               "%%%d (%s) reads the cast view %%%d but packs nothing", id, ir_ops[n->op].name, v);
       if (view[v] == VIEW_WINDOW)
-        CHECK(n->op == OP_CAST || (n->op == OP_MXFP8_QUANTIZE && (p.kind[id] == FP8_NONE || p.kind[id] == FP8_STORE)),
+        CHECK(n->op == OP_CAST || (n->op == OP_MXFP8_QUANTIZE && (p.kind[id] == FP8_NONE || p.kind[id] == FP8_STORE)) ||
+                  (n->op == OP_GROUPED_MLP_BWD && j == 1 && blas),
               "%%%d (%s) reads the window %%%d", id, ir_ops[n->op].name, v);
+      if (view[v] == VIEW_SPLIT) CHECK(view[id] == VIEW_PIECE, "%%%d (%s) reads the split %%%d", id, ir_ops[n->op].name, v);
+      if (view[v] == VIEW_PIECE && ir_get_int(&g->nodes[v], "start", 0) < 3 * ir_get_int(&g->nodes[g->nodes[v].in[0]], "ffn", 0))
+        CHECK(n->op == OP_CAST && n->type.dtype == DT_BF16 && view[id] == VIEW_ALIAS,
+              "%%%d (%s) reads the bf16 piece %%%d but is no alias cast", id, ir_ops[n->op].name, v);
       if (view[v] == VIEW_STRIDED)
         CHECK(n->op == OP_GRAD_NORM || (n->op == OP_ADAMW && j == 1), "%%%d (%s) reads the strided gradient %%%d", id,
               ir_ops[n->op].name, v);
@@ -67,9 +77,11 @@ static void check_plan(const char *precision, int fp8_on, int counts[8]) {
     if (n->op == OP_MXFP8_DEQUANTIZE && p.kind[n->in[0]] == FP8_STORE)
       CHECK(!view[id], "%%%d expands the stored %%%d, yet is a view", id, n->in[0]);
   }
-  printf("%-18s fp8 %s: %d windows, %d aliases, %d cast views, %d slabs, %d strided, %d stacked (%d casts)\n",
-         precision, fp8_on ? "on " : "off", counts[VIEW_WINDOW], counts[VIEW_ALIAS], counts[VIEW_CAST], counts[VIEW_SLAB],
-         counts[VIEW_STRIDED], counts[VIEW_STACKED], counts[VIEW_IN_STACK]);
+  if (!blas) CHECK(!counts[VIEW_SPLIT] && !counts[VIEW_PIECE], "%s: a split without cuBLASLt", precision);
+  printf("%-18s fp8 %s blas %d: %d windows, %d aliases, %d cast views, %d slabs, %d strided, %d stacked (%d casts), "
+         "%d split (%d pieces)\n",
+         precision, fp8_on ? "on " : "off", blas, counts[VIEW_WINDOW], counts[VIEW_ALIAS], counts[VIEW_CAST], counts[VIEW_SLAB],
+         counts[VIEW_STRIDED], counts[VIEW_STACKED], counts[VIEW_IN_STACK], counts[VIEW_SPLIT], counts[VIEW_PIECE]);
   free(view);
   free(last);
   gpu_fp8_plan_free(&p);
@@ -108,7 +120,7 @@ static void check_shared_cast(void) {
     gpu_fp8_plan p;
     CHECK(gpu_fp8_plan_new(g, 0, last, &p) == 0, "fp8 plan");
     uint8_t *view = calloc((size_t)g->n_nodes + 1, 1);
-    gpu_views_plan(g, &p, last, view);
+    gpu_views_plan(g, &p, 1, last, view);
     CHECK(view[st] == (shared ? VIEW_NONE : VIEW_STACKED), "stack with %s cast: view %d", shared ? "a shared" : "private",
           view[st]);
     CHECK(view[cast[0]] == (shared ? VIEW_NONE : VIEW_IN_STACK), "expert 0's cast (%s): view %d",
@@ -122,21 +134,30 @@ static void check_shared_cast(void) {
 }
 
 int main(void) {
-  int c[8];
+  int c[VIEW_KINDS];
   check_shared_cast();
-  check_plan("mxfp8(block=128)", 1, c);
+  /* with the device grouped GEMMs (blas 0): no split, no gate_up window */
+  check_plan("mxfp8(block=128)", 1, 0, c);
   /* the saved gate_up is stored packed (FP8_STORE): its dequantize expands it, no alias */
   CHECK(c[VIEW_WINDOW] > 0 && c[VIEW_ALIAS] == 0 && c[VIEW_CAST] > 0 && c[VIEW_SLAB] > 0,
         "mxfp8(block=128) with FP8: windows, cast views and slabs, no alias");
   /* tiny: 2 layers x (gate_up, down) stacks of 4 experts; 2 x 8 gate/up gradient windows */
   CHECK(c[VIEW_STACKED] == 4 && c[VIEW_IN_STACK] == 4 * 4 + 2 * 4 && c[VIEW_STRIDED] == 2 * 8,
         "mxfp8(block=128): 4 stacked weights of 24 casts, 16 strided gradients");
-  check_plan("mxfp8(block=128)", 0, c);
+  check_plan("mxfp8(block=128)", 0, 0, c);
   CHECK(c[VIEW_CAST] == 0 && c[VIEW_ALIAS] > 0, "without FP8 GEMMs: no cast view, dequantize aliases");
-  check_plan("bf16", 0, c);
+  check_plan("bf16", 0, 0, c);
   CHECK(c[VIEW_CAST] == 0 && c[VIEW_ALIAS] == 0 && c[VIEW_WINDOW] > 0 && c[VIEW_SLAB] > 0 && c[VIEW_STACKED] == 4 &&
             c[VIEW_STRIDED] == 16,
         "bf16: windows, slabs, strided gradients and stacked weights only");
+  /* on cuBLASLt (the default): tiny's 2 grouped_mlp_bwd split, 3 pieces each, the casts of
+     dg | du and act aliases; in bf16 the saved gate_up's slices are windows */
+  check_plan("bf16", 0, 1, c);
+  CHECK(c[VIEW_SPLIT] == 2 && c[VIEW_PIECE] == 2 * 3 && c[VIEW_ALIAS] == 2 * 2 && c[VIEW_CAST] == 0 && c[VIEW_WINDOW] >= 2,
+        "bf16 on cuBLASLt: 2 splits of 3 pieces, 4 alias casts, gate_up windows");
+  check_plan("mxfp8(block=128)", 1, 1, c);
+  CHECK(c[VIEW_SPLIT] == 2 && c[VIEW_PIECE] == 2 * 3 && c[VIEW_CAST] == 0 && c[VIEW_ALIAS] == 2 * 2,
+        "mxfp8(block=128) with FP8 on cuBLASLt: the pieces' casts (cast views before) are aliases");
   if (failures) {
     printf("test_views_plan: %d failures\n", failures);
     return 1;
