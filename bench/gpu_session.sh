@@ -16,6 +16,7 @@
 # benchmarks (bench/run_bench.sh: moec and the peer in the same call)
 #   genos    genos_1b bf16 default (fused experts) + peer              [200 s]
 #   profile  genos_1b bf16 default, MOEC_PROFILE=kernels (reuses the peer)    [120 s]
+#   awoff    genos_1b bf16 default with MOEC_ADAMW_MULTI=0 (one AdamW launch a parameter; reuses the peer) [120 s]
 #   fused    genos_1b bf16 and mxfp8 on the fused pipeline (reuses the peer)    [300 s]
 #   og2      og2_8x1b bf16 default + peer                               [240 s]
 #   og2fused og2_8x1b bf16 on the fused pipeline (+ peer unless og2/og2fp8 ran)  [240 s]
@@ -93,6 +94,9 @@ for part in "${parts[@]}"; do
     bench LOGDIR=$L/fused_mx PEER_SKIP=1 PRECISION=mxfp8 MOEC_ARGS=$FUSED_MX timeout 160 bash bench/run_bench.sh genos_1b ;;
   og2)
     bench LOGDIR=$L/og2 timeout 240 bash bench/run_bench.sh og2_8x1b ;;
+  awoff)
+    peer_from "$L/genos" "$L/awoff"
+    bench LOGDIR=$L/awoff PEER_SKIP=1 MOEC_ADAMW_MULTI=0 timeout 120 bash bench/run_bench.sh genos_1b ;;
   og2fused)
     peer_from "$L/og2" "$L/og2fused"; peer_from "$L/og2fp8" "$L/og2fused"
     bench LOGDIR=$L/og2fused PEER_SKIP=1 MOEC_ARGS=$FUSED timeout 240 bash bench/run_bench.sh og2_8x1b ;;
@@ -169,7 +173,7 @@ for part in "${parts[@]}"; do
       if [ -s "$a" ] && cmp -s <(strip "$a") <(strip "$b"); then echo "$pair: identical logs ($(wc -l <"$a") lines)"
       else echo "$pair: logs differ: $(diff <(strip "$a") <(strip "$b") | head -2 | tr '\n' ' ')"; fi
     done ;;
-  *) echo "unknown part '$part' (kernels step steptiny parallel cudnn attn stack genos profile fused fp8 fp8prof fusedprof og2 og2fp8 og2fused ggemm chr20 determinism long)" ;;
+  *) echo "unknown part '$part' (kernels step steptiny parallel cudnn attn stack genos awoff profile fused fp8 fp8prof fusedprof og2 og2fp8 og2fused ggemm chr20 determinism long)" ;;
   esac
 done
 echo "== done ($(date -u +%H:%M:%S))"

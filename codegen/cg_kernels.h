@@ -54,6 +54,7 @@ enum {
   CG_CE_ROWS = 64,        /* rows per block in the cross-entropy partial sums */
   CG_GN_PARTS = 256,      /* partial sums (blocks) per tensor in the gradient norm */
   CG_GN_TABLE = 32,       /* gradient tensors per sum-of-squares launch */
+  CG_AW_TABLE = 24,       /* parameters per AdamW launch (their table fits the 4 KB of launch parameters) */
   CG_GT = 16,             /* grouped GEMM tile (GT x GT outputs, GT*GT threads) */
 };
 

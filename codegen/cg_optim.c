@@ -54,6 +54,26 @@ static const char *const src =
     "  });\n"
     "}\n"
     "\n"
+    "// adamw for up to AW_TABLE parameters of one gradient storage in one launch (a step has\n"
+    "// hundreds; one launch each kept the host issuing longer than the GPU ran them):\n"
+    "// blockIdx.y picks the parameter, the x blocks run adamw over it; the scalars that depend on\n"
+    "// the parameter (its decay) come in the table.\n"
+    "struct aw_table {\n"
+    "  float *p[AW_TABLE], *m[AW_TABLE], *v[AW_TABLE];\n"
+    "  const void *g[AW_TABLE];\n"
+    "  bf16 *wb[AW_TABLE];\n"
+    "  i64 n[AW_TABLE], gc[AW_TABLE], gl[AW_TABLE], wc[AW_TABLE], wl[AW_TABLE];\n"
+    "  float decay[AW_TABLE];\n"
+    "  int decay_on[AW_TABLE];\n"
+    "};\n"
+    "template <class G>\n"
+    "__device__ void adamw_table(aw_table t, const float *gnorm, float clip, float w1, float b2, float c2, float neg_step,\n"
+    "                            float bc2_sqrt, float eps, int small) {\n"
+    "  const int y = blockIdx.y;\n"
+    "  adamw<G>(t.p[y], (const G *)t.g[y], t.m[y], t.v[y], t.wb[y], t.n[y], gnorm, clip, t.decay[y], w1, b2, c2, neg_step,\n"
+    "           bc2_sqrt, eps, small, t.decay_on[y], t.gc[y], t.gl[y], t.wc[y], t.wl[y]);\n"
+    "}\n"
+    "\n"
     "// part[b] = sum of squares (double) of the elements block b visits in a grid of GN_PARTS\n"
     "// blocks; each gradient tensor gets its own GN_PARTS slots.\n"
     "// x: rows of c elements, l apart (c == l: contiguous).\n"
@@ -94,7 +114,7 @@ static const char *const src =
 
 void cg_emit_optim(cg_buf *b, const cg_variant *v, int emu) {
   (void)v;
-  cg_printf(b, "#define GN_TABLE %d\n", CG_GN_TABLE);
+  cg_printf(b, "#define GN_TABLE %d\n#define AW_TABLE %d\n", CG_GN_TABLE, CG_AW_TABLE);
   cg_puts(b, src);
   const char *kv[9];
   /* one AdamW and one sum of squares per gradient storage: f32, and bf16 (fold-grad-cast) */
@@ -105,6 +125,10 @@ void cg_emit_optim(cg_buf *b, const cg_variant *v, int emu) {
              "float w1, float b2, float c2, float neg_step, float bc2_sqrt, float eps, int small, int decay_on, i64 gc, i64 gl, "
              "i64 wc, i64 wl",
              "adamw<${X}>", kv, emu);
+    cg_entry(b, CG_NT_EW, "moec_adamw_table_${x}",
+             "aw_table t, const float *gnorm, float clip, float w1, float b2, float c2, float neg_step, float bc2_sqrt, "
+             "float eps, int small",
+             "adamw_table<${X}>", kv, emu);
     cg_entry(b, CG_NT_RED, "moec_sumsq_partial_${x}", "const ${X} *x, i64 n, i64 c, i64 l, double *part", "sumsq_partial<${X}>", kv, emu);
     cg_entry(b, CG_NT_RED, "moec_sumsq_table_${x}", "gn_table t, double *part", "sumsq_table<${X}>", kv, emu);
   }

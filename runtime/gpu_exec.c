@@ -210,6 +210,8 @@ struct gpu_exec {
   int keep_all;
   gpu_profile *prof;      /* MOEC_PROFILE=1: per-op times, printed when the executor is freed */
   int grouped_device;     /* MOEC_GROUPED_GEMM=device: the device-driven grouped GEMMs, no host sync */
+  int adamw_single;       /* MOEC_ADAMW_MULTI=0: one launch per parameter */
+  int aw_from, aw_until;  /* this step's AdamW run (aw_from, aw_until] was done by the launch at aw_from */
   int32_t **hcounts;      /* (n_nodes) host copies of expert-count values, downloaded once per step */
   gpu_fp8_plan fp8;       /* which expert GEMMs run in FP8 (MOEC_FP8_GEMM=0: none) */
   uint8_t *view;          /* (n_nodes) gpu_view: a value read through its input (gpu_views.h) */
@@ -890,23 +892,39 @@ static int exec_GRAD_NORM(gx *x, int id) {
   return rc;
 }
 
-static int exec_ADAMW(gx *x, int id) {
-  const moec_config *c = &x->g->cfg;
-  int i = x->param_index[N(id)->in[0]];
+/* AdamW node a's parameter as a table entry; its value (the updated weight) set. The gradient
+ * may be a window of a stacked one, the copy a window of a stacked weight. */
+static rt_cuda_adamw_tensor adamw_entry(gx *x, int a) {
+  int i = x->param_index[N(a)->in[0]];
   dev_param *p = &x->rt->dp[i];
-  rt_cuda_adamw_hp hp = {ck_lr_at(x->step, c->steps, c->warmup, c->lr, c->min_lr, c->schedule), c->beta1, c->beta2,
-                         c->adam_eps, ir_get_float(N(id), "weight_decay", 0), x->step, c->clip};
   int64_t n = x->rt->ps->p[i].numel;
-  x->val[id] = (dev_value){.p = p->w, .rows = N(id)->type.dims[0], .numel = n};
-  /* the gradient may be a window of a stacked one, the copy a window of a stacked weight */
-  const dev_value *gv = V(id, 1);
-  rt_cuda_adamw_win win = {gv->ld ? INCOLS(id, 1) : n, gv->ld ? gv->ld : n, p->wb_ld ? p->wb_cols : n,
-                           p->wb_ld ? p->wb_ld : n};
-  if (ck(x, id, rt_cuda_adamw_step_win(KX, p->w, DT(x, N(id)->in[1]), gv->p, p->m, p->v, p->wb, n, V(id, 2)->p, &hp,
-                                       &win)) != 0)
-    return -1;
+  x->val[a] = (dev_value){.p = p->w, .rows = N(a)->type.dims[0], .numel = n};
   p->wb_fresh = p->wb != 0;
-  return 0;
+  const dev_value *gv = V(a, 1);
+  return (rt_cuda_adamw_tensor){p->w, gv->p, p->m, p->v, p->wb, n, ir_get_float(N(a), "weight_decay", 0),
+                                {gv->ld ? INCOLS(a, 1) : n, gv->ld ? gv->ld : n, p->wb_ld ? p->wb_cols : n,
+                                 p->wb_ld ? p->wb_ld : n}};
+}
+
+/* The run of AdamW nodes from id with id's gradient storage and norm (they stand together at
+ * the step's end) goes in one rt_cuda_adamw_multi; the run's later nodes then find it done. */
+static int exec_ADAMW(gx *x, int id) {
+  if (id > x->aw_from && id <= x->aw_until) return 0;
+  const moec_config *c = &x->g->cfg;
+  rt_cuda_adamw_hp hp = {ck_lr_at(x->step, c->steps, c->warmup, c->lr, c->min_lr, c->schedule), c->beta1, c->beta2,
+                         c->adam_eps, 0, x->step, c->clip};
+  const cg_dtype gt = DT(x, N(id)->in[1]);
+  int end = id + 1;
+  while (!x->adamw_single && end < x->g->n_nodes && N(end)->op == OP_ADAMW && DT(x, N(end)->in[1]) == gt &&
+         N(end)->in[2] == N(id)->in[2])
+    end++;
+  rt_cuda_adamw_tensor *t = malloc((size_t)(end - id) * sizeof *t);
+  if (!t) return fail(x, id, "out of host memory");
+  for (int a = id; a < end; a++) t[a - id] = adamw_entry(x, a);
+  int rc = ck(x, id, rt_cuda_adamw_multi(KX, gt, t, end - id, V(id, 2)->p, &hp));
+  free(t);
+  x->aw_from = id, x->aw_until = end - 1;
+  return rc;
 }
 
 /* ---- the fusion passes' ops (group-linear, grouped-mlp): expert-sorted rows, counts read on
@@ -1520,6 +1538,8 @@ gpu_exec *gpu_exec_new(gpu_runtime *rt, const ir_graph *g, char *err, size_t err
   x->prof = gpu_profile_from_env(rt->g, g);
   const char *gg = getenv("MOEC_GROUPED_GEMM");
   x->grouped_device = gg && strcmp(gg, "device") == 0;
+  const char *aw = getenv("MOEC_ADAMW_MULTI");
+  x->adamw_single = aw && strcmp(aw, "0") == 0;
   /* FP8 expert GEMMs (mxfp8(block = 128) on sm_90; MOEC_FP8_GEMM=0 keeps bf16) */
   const char *f8 = getenv("MOEC_FP8_GEMM");
   /* Hopper only: sm_100 has native MX block scaling (VEC32_UE8M0), untested here */

@@ -172,6 +172,17 @@ typedef struct {
 } rt_cuda_adamw_win;
 int rt_cuda_adamw_step_win(rt_cuda *k, gpu_ptr p, cg_dtype gt, gpu_ptr g, gpu_ptr m, gpu_ptr v, gpu_ptr wb, int64_t n,
                            gpu_ptr gnorm, const rt_cuda_adamw_hp *hp, const rt_cuda_adamw_win *win);
+/* The same for many parameters of one gradient storage, CG_AW_TABLE a launch, each with its own
+ * weight decay (hp->wd unused) and windows (win all zero: contiguous); the same values as one
+ * rt_cuda_adamw_step_win each. */
+typedef struct {
+  gpu_ptr p, g, m, v, wb;
+  int64_t n;
+  double wd;
+  rt_cuda_adamw_win win;
+} rt_cuda_adamw_tensor;
+int rt_cuda_adamw_multi(rt_cuda *k, cg_dtype gt, const rt_cuda_adamw_tensor *t, int n_tensors, gpu_ptr gnorm,
+                        const rt_cuda_adamw_hp *hp);
 /* *norm (f32 on the device) = global L2 norm of n_bufs buffers, buffer i of dtype dts[i]. */
 int rt_cuda_grad_norm(rt_cuda *k, const gpu_ptr *bufs, const cg_dtype *dts, const int64_t *sizes, int n_bufs,
                       gpu_ptr norm);

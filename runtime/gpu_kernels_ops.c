@@ -418,24 +418,77 @@ int rt_cuda_adamw_step(rt_cuda *k, gpu_ptr p, cg_dtype gt, gpu_ptr g, gpu_ptr m,
   return rt_cuda_adamw_step_win(k, p, gt, g, m, v, wb, n, gnorm, hp, NULL);
 }
 
+/* The scalars of one step exactly as ck_adamw_step forms them (decay: the parameter's own). */
+typedef struct {
+  float w1, b2, c2, neg_step, bc2_sqrt, eps, clip;
+  int small;
+} adamw_scalars;
+static adamw_scalars scalars_of(const rt_cuda_adamw_hp *hp) {
+  adamw_scalars s;
+  s.w1 = (float)(1.0 - hp->beta1), s.b2 = (float)hp->beta2, s.c2 = (float)(1.0 - hp->beta2);
+  const double bc1 = 1.0 - pow(hp->beta1, (double)hp->step), bc2 = 1.0 - pow(hp->beta2, (double)hp->step);
+  s.neg_step = (float)(-(hp->lr / bc1)), s.bc2_sqrt = (float)sqrt(bc2), s.eps = (float)hp->eps;
+  s.small = fabsf(s.w1) < 0.5f;
+  s.clip = hp->clip > 0 ? (float)hp->clip : 0.0f;
+  return s;
+}
+
+static int check_win(rt_cuda *k, int64_t n, int64_t gc, int64_t gl, int64_t wc, int64_t wl) {
+  if (gc < 1 || gl < gc || wc < 1 || wl < wc || n % gc != 0 || n % wc != 0)
+    return rtk_fail(k, "adamw: windows of %lld of %lld (gradient), %lld of %lld (bf16 copy) for %lld elements (%s)",
+                    (long long)gc, (long long)gl, (long long)wc, (long long)wl, (long long)n, ck_strerror(CK_ESHAPE));
+  return 0;
+}
+
 int rt_cuda_adamw_step_win(rt_cuda *k, gpu_ptr p, cg_dtype gt, gpu_ptr g, gpu_ptr m, gpu_ptr v, gpu_ptr wb, int64_t n,
                            gpu_ptr gnorm, const rt_cuda_adamw_hp *hp, const rt_cuda_adamw_win *win) {
   char name[64];
   int64_t gc = win ? win->g_cols : 1, gl = win ? win->g_ld : 1, wc = win ? win->wb_cols : 1, wl = win ? win->wb_ld : 1;
-  if (gc < 1 || gl < gc || wc < 1 || wl < wc || n % gc != 0 || n % wc != 0)
-    return rtk_fail(k, "adamw: windows of %lld of %lld (gradient), %lld of %lld (bf16 copy) for %lld elements (%s)",
-                    (long long)gc, (long long)gl, (long long)wc, (long long)wl, (long long)n, ck_strerror(CK_ESHAPE));
+  if (check_win(k, n, gc, gl, wc, wl) != 0) return -1;
   KN("adamw", 1, gt);
-  /* the scalars exactly as ck_adamw_step forms them */
+  adamw_scalars s = scalars_of(hp);
   float decay = (float)(1.0 - hp->lr * hp->wd);
-  float w1 = (float)(1.0 - hp->beta1), b2 = (float)hp->beta2, c2 = (float)(1.0 - hp->beta2);
-  const double bc1 = 1.0 - pow(hp->beta1, (double)hp->step), bc2 = 1.0 - pow(hp->beta2, (double)hp->step);
-  float neg_step = (float)(-(hp->lr / bc1)), bc2_sqrt = (float)sqrt(bc2), eps = (float)hp->eps;
-  int small = fabsf(w1) < 0.5f, decay_on = hp->wd != 0.0;
-  float clip = hp->clip > 0 ? (float)hp->clip : 0.0f;
+  int decay_on = hp->wd != 0.0;
   return rtk_launch(k, CG_FAM_OPTIM, NULL, name, rtk_vec_blocks(n), 1, CG_NT_EW,
-                    ARGS(&p, &g, &m, &v, &wb, &n, &gnorm, &clip, &decay, &w1, &b2, &c2, &neg_step, &bc2_sqrt, &eps, &small,
-                         &decay_on, &gc, &gl, &wc, &wl));
+                    ARGS(&p, &g, &m, &v, &wb, &n, &gnorm, &s.clip, &decay, &s.w1, &s.b2, &s.c2, &s.neg_step, &s.bc2_sqrt,
+                         &s.eps, &s.small, &decay_on, &gc, &gl, &wc, &wl));
+}
+
+/* The launch parameter block of moec_adamw_table (codegen/cg_optim.c's aw_table). */
+typedef struct {
+  gpu_ptr p[CG_AW_TABLE], m[CG_AW_TABLE], v[CG_AW_TABLE], g[CG_AW_TABLE], wb[CG_AW_TABLE];
+  int64_t n[CG_AW_TABLE], gc[CG_AW_TABLE], gl[CG_AW_TABLE], wc[CG_AW_TABLE], wl[CG_AW_TABLE];
+  float decay[CG_AW_TABLE];
+  int decay_on[CG_AW_TABLE];
+} aw_table;
+
+int rt_cuda_adamw_multi(rt_cuda *k, cg_dtype gt, const rt_cuda_adamw_tensor *t, int n_tensors, gpu_ptr gnorm,
+                        const rt_cuda_adamw_hp *hp) {
+  char name[64];
+  KN("adamw_table", 1, gt);
+  adamw_scalars s = scalars_of(hp);
+  for (int i = 0; i < n_tensors;) {
+    aw_table a;
+    memset(&a, 0, sizeof a);
+    int64_t most = 1;
+    int nt = 0;
+    for (; i + nt < n_tensors && nt < CG_AW_TABLE; nt++) {
+      const rt_cuda_adamw_tensor *e = &t[i + nt];
+      const rt_cuda_adamw_win *w = &e->win;
+      a.p[nt] = e->p, a.m[nt] = e->m, a.v[nt] = e->v, a.g[nt] = e->g, a.wb[nt] = e->wb, a.n[nt] = e->n;
+      a.gc[nt] = w->g_cols ? w->g_cols : 1, a.gl[nt] = w->g_cols ? w->g_ld : 1;
+      a.wc[nt] = w->wb_cols ? w->wb_cols : 1, a.wl[nt] = w->wb_cols ? w->wb_ld : 1;
+      if (check_win(k, e->n, a.gc[nt], a.gl[nt], a.wc[nt], a.wl[nt]) != 0) return -1;
+      a.decay[nt] = (float)(1.0 - hp->lr * e->wd), a.decay_on[nt] = e->wd != 0.0;
+      if (e->n > most) most = e->n;
+    }
+    /* enough x blocks for the largest; the others' spare blocks find no work */
+    if (rtk_launch(k, CG_FAM_OPTIM, NULL, name, rtk_vec_blocks(most), (uint64_t)nt, CG_NT_EW,
+                   ARGS(&a, &gnorm, &s.clip, &s.w1, &s.b2, &s.c2, &s.neg_step, &s.bc2_sqrt, &s.eps, &s.small)) != 0)
+      return -1;
+    i += nt;
+  }
+  return 0;
 }
 
 /* The launch parameter block of moec_sumsq_table (codegen/cg_optim.c's gn_table). */

@@ -581,6 +581,56 @@ static void test_optim(void) {
     free(p), free(g), free(m), free(v), free(gw), free(wbh), free(got);
     dfree_all();
   }
+  /* many parameters in one rt_cuda_adamw_multi (more than a launch's table): sizes from 1 to
+     20011, decay on and off, every third with a bf16 copy, the fifth's gradient and copy
+     windows of wider rows; each bit for bit ck_adamw_step alone */
+  for (int gi = 0; gi < 2; gi++) {
+    const cg_dtype gt = gi ? CG_DT_BF16 : CG_DT_F32;
+    enum { NT = CG_AW_TABLE + 7 };
+    rt_cuda_adamw_tensor t[NT];
+    float *hp[NT], *hm[NT], *hv[NT], *hwb[NT];
+    int64_t rows[NT], cols[NT];
+    for (int i = 0; i < NT; i++) {
+      rows[i] = 1 + (i * 37) % 101, cols[i] = i == 0 ? 1 : i % 4 == 1 ? 48 : 1 + (i * 13) % 199;
+      const int64_t n = rows[i] * cols[i], win = i == 5, GL = cols[i] + 16, WL = cols[i] + 32;
+      float *g = rnd(n, -1, 1, gt), *gw = win ? rnd(rows[i] * GL, -5, 5, gt) : NULL;
+      hp[i] = rnd(n, -1, 1, CG_DT_F32), hm[i] = rnd(n, -0.1f, 0.1f, CG_DT_F32), hv[i] = rnd(n, 1e-6f, 1e-2f, CG_DT_F32);
+      hwb[i] = i % 3 == 0 || win ? rnd(win ? rows[i] * WL : n, -5, 5, CG_DT_BF16) : NULL;
+      for (int64_t r = 0; win && r < rows[i]; r++) memcpy(gw + r * GL, g + r * cols[i], (size_t)cols[i] * 4);
+      t[i] = (rt_cuda_adamw_tensor){up_f(hp[i], n, CG_DT_F32), win ? up_f(gw, rows[i] * GL, gt) : up_f(g, n, gt),
+                                    up_f(hm[i], n, CG_DT_F32), up_f(hv[i], n, CG_DT_F32),
+                                    hwb[i] ? up_f(hwb[i], win ? rows[i] * WL : n, CG_DT_BF16) : 0, n, i % 2 ? 0.0 : 0.1,
+                                    {win ? cols[i] : 0, win ? GL : 0, win ? cols[i] : 0, win ? WL : 0}};
+      ck_adamw_step(hp[i], g, hm[i], hv[i], n, 9, ck_clip_coef(cs[0].norm, 1.0), 3e-4, 0.9, 0.95, 1e-8, t[i].wd);
+      free(g), free(gw);
+    }
+    gpu_ptr dn = up_f(&cs[0].norm, 1, CG_DT_F32);
+    rt_cuda_adamw_hp hp9 = {3e-4, 0.9, 0.95, 1e-8, 0, 9, 1.0};
+    RUN(rt_cuda_adamw_multi(K, gt, t, NT, dn, &hp9));
+    int exact = 1;
+    for (int i = 0; i < NT; i++) {
+      const int64_t n = t[i].n, W = i == 5 ? cols[i] + 32 : cols[i];
+      float *got = falloc(rows[i] * W), *want = falloc(rows[i] * W);
+      get_f(got, t[i].p, n, CG_DT_F32);
+      exact &= memcmp(got, hp[i], (size_t)n * 4) == 0;
+      get_f(got, t[i].m, n, CG_DT_F32);
+      exact &= memcmp(got, hm[i], (size_t)n * 4) == 0;
+      get_f(got, t[i].v, n, CG_DT_F32);
+      exact &= memcmp(got, hv[i], (size_t)n * 4) == 0;
+      if (hwb[i]) { /* the rounded weights in the copy's window, the rest unchanged */
+        memcpy(want, hwb[i], (size_t)(rows[i] * W) * 4);
+        for (int64_t r = 0; r < rows[i]; r++)
+          for (int64_t c = 0; c < cols[i]; c++) want[r * W + c] = ck_bf16_to_float(ck_float_to_bf16(hp[i][r * cols[i] + c]));
+        get_f(got, t[i].wb, rows[i] * W, CG_DT_BF16);
+        exact &= memcmp(got, want, (size_t)(rows[i] * W) * 4) == 0;
+      }
+      free(got), free(want), free(hp[i]), free(hm[i]), free(hv[i]), free(hwb[i]);
+    }
+    CHECK(exact, "adamw_multi (%d parameters, grad %s): not bit for bit ck_adamw_step", NT, cg_dtype_name(gt));
+    printf("  adamw_multi: %d parameters in %d launches (grad %s), weights, moments and copies bit for bit\n", NT,
+           (NT + CG_AW_TABLE - 1) / CG_AW_TABLE, cg_dtype_name(gt));
+    dfree_all();
+  }
   /* global norm over buffers of assorted sizes (one empty), f32 and bf16 mixed */
   int64_t sizes[] = {1000, 1, 0, 70001, 4096};
   const cg_dtype gdt[] = {CG_DT_F32, CG_DT_BF16, CG_DT_F32, CG_DT_BF16, CG_DT_F32};
