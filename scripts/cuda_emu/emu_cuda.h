@@ -1,7 +1,7 @@
 /* emu_cuda.h -- lets the generated kernel sources (codegen/, emitted with emu = 1) compile as
  * host C++ for the CPU emulator: CUDA's keywords become plain C++, the thread indices are
  * globals the emulator's scheduler sets before it resumes a thread, and barriers, shuffles
- * and match_any call into the scheduler (emu_driver.cpp). Blocks run one at a time, so
+ * and match_any / ballot call into the scheduler (emu_driver.cpp). Blocks run one at a time, so
  * __shared__ arrays are function-local statics and atomics are plain read-modify-writes
  * (threads switch only at barriers). Development tool only: never built by CMake. */
 #pragma once
@@ -68,6 +68,17 @@ inline unsigned __match_any_sync(unsigned mask, int v) {
     if ((uint32_t)all[l] == (uint32_t)v) m |= 1u << l;
   return m;
 }
+
+inline unsigned __ballot_sync(unsigned mask, int pred) {
+  (void)mask;
+  uint64_t all[32];
+  emu_warp_exchange((uint64_t)(pred != 0), all);
+  unsigned m = 0;
+  for (int l = 0; l < 32; l++)
+    if (all[l]) m |= 1u << l;
+  return m;
+}
+inline int __ffs(int x) { return __builtin_ffs(x); }
 
 inline int atomicAdd(int *p, int v) { int o = *p; *p = o + v; return o; }
 inline int atomicCAS(int *p, int cmp, int v) { int o = *p; if (o == cmp) *p = v; return o; }
