@@ -7,7 +7,7 @@
  * is used (cudnnBackendCreateDescriptor / SetAttribute / Finalize / Execute): each graph is
  * spelled out as the operations cudnn-frontend's composite SDPA nodes emit, which cuDNN
  * recognises and runs as one fused flash-attention kernel (Hopper: its own wgmma kernels).
- * The enum values are redeclared in gpu_cudnn_attn.c from cuDNN 9's cudnn_graph.h; where
+ * The enum values are redeclared in gpu_cudnn_attn_int.h from cuDNN 9's cudnn_graph.h; where
  * that header is found at build time they are checked against it (static asserts).
  *
  * Layouts, as gpu_attention.h: q, out, dout (B*seq, nh*hd) row-major bf16; k, v (B*seq,
