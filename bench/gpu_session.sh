@@ -41,7 +41,7 @@
 #          test_gpu_parallel test_gpu_nccl test_gpu_attention; do cp build/gpu-carry/$f .dev/carry/ && strip .dev/carry/$f;
 #          done && cp ../shared/peers/hf_mixtral_bench.py data/chr20.fa.gz .dev/carry/
 #          (carry .dev; with the working tree it must stay under 64 MiB: 61 + 4.5 MB here)
-#   there: OUT=$OUT bash bench/gpu_session.sh .dev/carry kernels steptiny cudnn fp8prof long fused
+#   there: OUT=$OUT bash bench/gpu_session.sh .dev/carry og2 cudnn awoff profile fp8prof
 set -u
 C=$(cd "${1:-.dev/carry}" && pwd)
 shift
