@@ -1649,6 +1649,8 @@ int gpu_exec_run(gpu_exec *x, const int32_t *tokens, const int32_t *labels, int6
   if (rc == 0) {
     gpu_profile_mark(x->prof, g->n_nodes);
     gpu_profile_step_done(x->prof);
+  } else {
+    gpu_profile_step_abort(x->prof);
   }
   int ckc = CK_OK;
   if (rc == 0 && rt_cuda_check(KX, &ckc) != 0) rc = -1, snprintf(err, errlen, "%s", rt_cuda_error(KX));

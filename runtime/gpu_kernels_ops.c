@@ -462,11 +462,23 @@ typedef struct {
   int decay_on[CG_AW_TABLE];
 } aw_table;
 
-int rt_cuda_adamw_multi(rt_cuda *k, cg_dtype gt, const rt_cuda_adamw_tensor *t, int n_tensors, gpu_ptr gnorm,
+static int by_size_desc(const void *a, const void *b) {
+  int64_t x = ((const rt_cuda_adamw_tensor *)a)->n, y = ((const rt_cuda_adamw_tensor *)b)->n;
+  return (x < y) - (x > y);
+}
+
+int rt_cuda_adamw_multi(rt_cuda *k, cg_dtype gt, const rt_cuda_adamw_tensor *t_in, int n_tensors, gpu_ptr gnorm,
                         const rt_cuda_adamw_hp *hp) {
   char name[64];
   KN("adamw_table", 1, gt);
   adamw_scalars s = scalars_of(hp);
+  /* largest first: a launch's x blocks are sized for its largest tensor, so tensors of like
+     size share launches (the parameters are independent: the order changes no value) */
+  rt_cuda_adamw_tensor *t = malloc((size_t)(n_tensors > 0 ? n_tensors : 1) * sizeof *t);
+  if (!t) return rtk_fail(k, "adamw: out of host memory");
+  memcpy(t, t_in, (size_t)n_tensors * sizeof *t);
+  qsort(t, (size_t)n_tensors, sizeof *t, by_size_desc);
+  int rc = 0;
   for (int i = 0; i < n_tensors;) {
     aw_table a;
     memset(&a, 0, sizeof a);
@@ -478,17 +490,19 @@ int rt_cuda_adamw_multi(rt_cuda *k, cg_dtype gt, const rt_cuda_adamw_tensor *t, 
       a.p[nt] = e->p, a.m[nt] = e->m, a.v[nt] = e->v, a.g[nt] = e->g, a.wb[nt] = e->wb, a.n[nt] = e->n;
       a.gc[nt] = w->g_cols ? w->g_cols : 1, a.gl[nt] = w->g_cols ? w->g_ld : 1;
       a.wc[nt] = w->wb_cols ? w->wb_cols : 1, a.wl[nt] = w->wb_cols ? w->wb_ld : 1;
-      if (check_win(k, e->n, a.gc[nt], a.gl[nt], a.wc[nt], a.wl[nt]) != 0) return -1;
+      if ((rc = check_win(k, e->n, a.gc[nt], a.gl[nt], a.wc[nt], a.wl[nt])) != 0) break;
       a.decay[nt] = (float)(1.0 - hp->lr * e->wd), a.decay_on[nt] = e->wd != 0.0;
       if (e->n > most) most = e->n;
     }
     /* enough x blocks for the largest; the others' spare blocks find no work */
-    if (rtk_launch(k, CG_FAM_OPTIM, NULL, name, rtk_vec_blocks(most), (uint64_t)nt, CG_NT_EW,
-                   ARGS(&a, &gnorm, &s.clip, &s.w1, &s.b2, &s.c2, &s.neg_step, &s.bc2_sqrt, &s.eps, &s.small)) != 0)
-      return -1;
+    if (rc != 0 || (rc = rtk_launch(k, CG_FAM_OPTIM, NULL, name, rtk_vec_blocks(most), (uint64_t)nt, CG_NT_EW,
+                                    ARGS(&a, &gnorm, &s.clip, &s.w1, &s.b2, &s.c2, &s.neg_step, &s.bc2_sqrt, &s.eps,
+                                         &s.small))) != 0)
+      break;
     i += nt;
   }
-  return 0;
+  free(t);
+  return rc ? -1 : 0;
 }
 
 /* The launch parameter block of moec_sumsq_table (codegen/cg_optim.c's gn_table). */

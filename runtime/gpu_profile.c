@@ -119,6 +119,13 @@ void gpu_profile_step_done(gpu_profile *p) {
   memset(p->hit, 0, (size_t)n + 1);
 }
 
+void gpu_profile_step_abort(gpu_profile *p) {
+  if (!p) return;
+  if (p->kernels) gpu_set_work_hook(p->g, NULL, NULL);
+  p->kn = 0;
+  memset(p->hit, 0, (size_t)p->graph->n_nodes + 1);
+}
+
 static const double *sort_key;
 static int by_time_desc(const void *a, const void *b) {
   double x = sort_key[*(const int *)a], y = sort_key[*(const int *)b];

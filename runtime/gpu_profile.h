@@ -24,6 +24,8 @@ gpu_profile *gpu_profile_from_env(gpu_ctx *g, const ir_graph *graph);
 void gpu_profile_mark(gpu_profile *p, int id);
 /* After the last mark of a step: waits for the stream and adds the step's times. */
 void gpu_profile_step_done(gpu_profile *p);
+/* After a step that failed part way: drops its marks (and releases the kernel hook). */
+void gpu_profile_step_abort(gpu_profile *p);
 void gpu_profile_print(const gpu_profile *p, FILE *out);
 void gpu_profile_free(gpu_profile *p);
 

@@ -2,7 +2,7 @@
  *  1. gpu_comm's host-staged transport, 2 ranks as threads on GPU 0: all_reduce_sum (f32 in
  *     rank order bit for bit, bf16 summed in f32 and rounded once, i32) and all_to_all_v with
  *     uneven and empty segments, against sums and copies made on the host;
- *  2. `moec train --device cuda` on tiny (fp32, 6 steps) at dp=2 (the default: fused experts), ep=2 and
+ *  2. `moec train --device cuda` on tiny (fp32, 6 steps) at dp=2 (naive and fused experts), ep=2 and
  *     ep=2 x dp=2 (fused experts), ranks as threads on one GPU through the host-staged
  *     transport: the same losses, grad norms, weights and Adam moments as one rank on the GPU
  *     (<= 1e-5 relative, as test_parallel on the CPU);
@@ -174,12 +174,14 @@ int main(void) {
   CHECK(run(host, "", NAIVE, "one") == 0, "one rank (naive experts) failed");
   CHECK(run(host, "", FUSED, "onef") == 0, "one rank (fused experts) failed");
   CHECK(run(host, "", NAIVE " --set dp=2", "dp2") == 0, "dp=2 failed");
+  CHECK(run(host, "", FUSED " --set dp=2", "dp2f") == 0, "dp=2 (fused experts) failed");
   CHECK(run(host, "", FUSED " --set ep=2", "ep2") == 0, "ep=2 failed");
   CHECK(run(host, "", FUSED " --set ep=2 --set dp=2", "ep2dp2") == 0, "ep=2 x dp=2 failed");
   CHECK(run(host, "", "--set ep=2", "ep2d") == 0, "ep=2 with the driver's default passes failed");
-  for (const char *const *t = (const char *const[]){"dp2", "ep2", "ep2dp2", "ep2d", NULL}; *t; t++)
+  for (const char *const *t = (const char *const[]){"dp2", "dp2f", "ep2", "ep2dp2", "ep2d", NULL}; *t; t++)
     CHECK(used(*t, "host-staged"), "%s: not through the host-staged transport", *t);
   same_as("one", "dp2", 6);
+  same_as("onef", "dp2f", 6);
   same_as("onef", "ep2", 6);
   same_as("onef", "ep2dp2", 6);
   same_as("onef", "ep2d", 6);
