@@ -67,6 +67,19 @@ static void mm(ca_graph *g, const char *name, int a, int b, int c) {
 static void red(ca_graph *g, const char *name, int op, int x, int y) {
   add_op(g, OP_REDUCTION, name, op, CD_DATA_FLOAT, -1, x, -1, -1, y);
 }
+
+/* out (a K or V gradient) = a b; with grouped KV heads (gqa) the product is taken per query
+ * head into a virtual tensor (dims fd, strides fs) and summed over each group into out. */
+static void kv_grad(ca_graph *g, int gqa, const char *mm_name, int a, int b, const char *per_head, const int64_t fd[4],
+                    const int64_t fs[4], const char *red_name, int out) {
+  if (!gqa) {
+    mm(g, mm_name, a, b, out);
+    return;
+  }
+  const int f = virt(g, per_head, CD_DATA_BFLOAT16, fd, fs);
+  mm(g, mm_name, a, b, f);
+  red(g, red_name, CD_REDUCE_TENSOR_ADD, f, out);
+}
 static void reshape(ca_graph *g, const char *name, int x, int y) {
   add_op(g, OP_RESHAPE, name, 0, CD_DATA_FLOAT, -1, x, -1, -1, y);
 }
@@ -195,13 +208,7 @@ static void build_bwd(ca_graph *g, const gpu_cudnn_shape *s) {
   reshape(g, "reshape_p", P, Pt);
   const int dV = view_tensor(g, "dV", UID_DV, CD_DATA_BFLOAT16, BIND_DV, &v[GPU_CUDNN_DV], 0);
   const int64_t fd[4] = {b, h, skv, d}, fs[4] = {h * skv * d, skv * d, d, 1}; /* per query head, before the group sum */
-  if (!gqa) {
-    mm(g, "matmul_pT_dO", Pt, dO, dV);
-  } else {
-    const int dVf = virt(g, "dV per query head", CD_DATA_BFLOAT16, fd, fs);
-    mm(g, "matmul_pT_dO", Pt, dO, dVf);
-    red(g, "red_dV_head", CD_REDUCE_TENSOR_ADD, dVf, dV);
-  }
+  kv_grad(g, gqa, "matmul_pT_dO", Pt, dO, "dV per query head", fd, fs, "red_dV_head", dV);
 
   /* dS = (dO V^T - softmax_sum) * P * scale */
   const int dP = virt(g, "dP", CD_DATA_FLOAT, sd, ss);
@@ -217,13 +224,7 @@ static void build_bwd(ca_graph *g, const gpu_cudnn_shape *s) {
   const int dSt = virt(g, "dS^T", CD_DATA_BFLOAT16, td, ts);
   reshape(g, "reshape_dS", dS, dSt);
   const int dK = view_tensor(g, "dK", UID_DK, CD_DATA_BFLOAT16, BIND_DK, &v[GPU_CUDNN_DK], 0);
-  if (!gqa) {
-    mm(g, "matmul_dST_Q", dSt, Q, dK);
-  } else {
-    const int dKf = virt(g, "dK per query head", CD_DATA_BFLOAT16, fd, fs);
-    mm(g, "matmul_dST_Q", dSt, Q, dKf);
-    red(g, "red_dK_head", CD_REDUCE_TENSOR_ADD, dKf, dK);
-  }
+  kv_grad(g, gqa, "matmul_dST_Q", dSt, Q, "dK per query head", fd, fs, "red_dK_head", dK);
 
   /* dQ = dS K, through an f32 accumulator in memory. The frontend leaves the reshaped K's
    * type unset, so it takes the intermediate type (f32); so do we. */
