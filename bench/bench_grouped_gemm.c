@@ -4,6 +4,8 @@
  * dgrad (dy . W^T) and wgrad (xs^T . dy, k = the expert's rows, padded to 128 for FP8), of
  * the gate_up (K = hidden, N = 2 ffn) and down (K = ffn, N = hidden) weights; 8 experts and
  * 16,384 routed rows (seq 8192, top 2), balanced and skewed (one expert gets no rows).
+ * "fp8_wgmma" is the device-driven FP8 grouped GEMM (runtime/gpu_wgmma.h: one launch for all
+ * experts, counts read on the device) on the same operands, where the GPU is sm_90.
  * Prints one JSON line per case: GEMM time only (operands already quantized; the quantize
  * kernels are timed on their own in the "quantize" lines). TFLOP/s = 2 sum_e m_e K N / time.
  * bench/grouped_gemm.sh runs it next to torch._grouped_mm and prints the ratios.
@@ -15,6 +17,7 @@
 #include "runtime/gpu_blas.h"
 #include "runtime/gpu_kernels.h"
 #include "runtime/gpu_loader.h"
+#include "runtime/gpu_wgmma.h"
 
 enum { E = 8, S = 16384 };
 
@@ -31,6 +34,9 @@ static const int64_t routings[2][E] = {
 static gpu_ctx *G;
 static gpu_blas *BL;
 static rt_cuda *KR;
+static gpu_wgmma *WG;
+static gpu_ptr dcounts[2]; /* i32 (E) of each routing, on the device */
+static int routing_now;
 static char err[1024];
 
 static void die(const char *what) {
@@ -52,6 +58,16 @@ typedef struct {
 
 static void pass(const bufs *u, int dt, int kind, const int64_t *cnt, int64_t K, int64_t N) {
   int64_t off = 0;
+  if (dt == 2) { /* one launch: fwd (m_e, N, K), dgrad (m_e, K, N), wgrad (K, N, tokens) */
+    int rc = kind == 0   ? gpu_wgmma_fp8_rows(WG, dcounts[routing_now], E, S, N, K, u->a, u->sa, u->b, u->sb, CG_DT_BF16,
+                                              u->c, N, err, sizeof err)
+             : kind == 1 ? gpu_wgmma_fp8_rows(WG, dcounts[routing_now], E, S, K, N, u->a, u->sa, u->b, u->sb, CG_DT_BF16,
+                                              u->c, K, err, sizeof err)
+                         : gpu_wgmma_fp8_wgrad(WG, dcounts[routing_now], E, K, N, u->a, u->sa, u->b, u->sb, CG_DT_BF16,
+                                               u->c, err, sizeof err);
+    if (rc != 0) die("wgmma fp8 gemm");
+    return;
+  }
   for (int e = 0; e < E; e++) {
     int64_t me = cnt[e];
     if (me == 0) continue;
@@ -108,13 +124,24 @@ int main(int argc, char **argv) {
       gpu_memset32(G, u.sa, 0x3f800000u, (S + E * 128) * maxk / 128 * 4) ||
       gpu_memset32(G, u.sb, 0x3f800000u, (S + E * 128) * maxn / 128 * 4))
     die("fill");
-  static const char *const kinds[3] = {"fwd", "dgrad", "wgrad"}, *const dts[2] = {"bf16", "fp8"};
+  /* the wgmma path where the device has it (MOEC_WGMMA_VARIANT picks its variant) */
+  WG = gpu_wgmma_new(G, gpu_info(G)->arch, getenv("MOEC_CACHE") ? getenv("MOEC_CACHE") : "", err, sizeof err);
+  if (!WG && err[0]) die("wgmma module");
+  err[0] = 0;
+  for (int r = 0; r < 2; r++) {
+    int32_t c32[E];
+    for (int e = 0; e < E; e++) c32[e] = (int32_t)routings[r][e];
+    dcounts[r] = dalloc(sizeof c32);
+    if (gpu_upload(G, dcounts[r], c32, sizeof c32) != 0) die("upload");
+  }
+  static const char *const kinds[3] = {"fwd", "dgrad", "wgrad"}, *const dts[3] = {"bf16", "fp8", "fp8_wgmma"};
   for (size_t mi = 0; mi < sizeof models / sizeof models[0]; mi++)
     for (int w = 0; w < 2; w++) { /* gate_up, down */
       int64_t K = w == 0 ? models[mi].hidden : models[mi].ffn, N = w == 0 ? 2 * models[mi].ffn : models[mi].hidden;
       for (int r = 0; r < 2; r++)
         for (int kind = 0; kind < 3; kind++)
-          for (int dt = 0; dt < 2; dt++) {
+          for (int dt = 0; dt < (WG ? 3 : 2); dt++) {
+            routing_now = r;
             double ms = time_ms(&u, dt, kind, routings[r], K, N, reps);
             printf("{\"model\":\"%s\",\"weight\":\"%s\",\"K\":%lld,\"N\":%lld,\"routing\":\"%s\",\"pass\":\"%s\","
                    "\"dtype\":\"%s\",\"ms\":%.4f,\"tflops\":%.1f}\n",
@@ -138,6 +165,7 @@ int main(int argc, char **argv) {
     printf("{\"model\":\"%s\",\"quantize\":\"(%d, %lld) bf16\",\"ms\":%.4f,\"GB_per_s\":%.0f}\n", models[mi].name, S,
            (long long)K, ms / reps, (double)S * K * (2 + 1 + 1.0 / 32) / (ms / reps * 1e6));
   }
+  gpu_wgmma_free(WG);
   gpu_blas_free(BL);
   rt_cuda_free(KR);
   gpu_close(G);

@@ -27,6 +27,8 @@
 #   stack    genos_1b mxfp8(block=128) fused, weights kept stacked and MOEC_STACK_VIEWS=0 (stacks
 #            copied, gradients unstacked), side by side (reuses the peer of genos or fp8prof) [250 s]
 #   ggemm    bench/grouped_gemm.sh: expert GEMMs bf16 / fp8 vs torch._grouped_mm [150 s]
+#   wgmma    test_gpu_wgmma (the device-driven FP8 grouped GEMM against the CPU), then the
+#            grouped-GEMM bench with each of its variants (needs both in the carry)  [330 s]
 #   long     genos_1b at seq 131,072, batch 1 (issue 6): moec mxfp8(block=128) fused and bf16,
 #            4 steps each, then the peer at the same length (expected to run out of memory) [300 s]
 # training
@@ -120,6 +122,13 @@ for part in "${parts[@]}"; do
     bench LOGDIR=$L/stack_off PEER_SKIP=1 PRECISION='mxfp8(block=128)' MOEC_ARGS=$FUSED_MX MOEC_STACK_VIEWS=0 timeout 120 bash bench/run_bench.sh genos_1b ;;
   ggemm)
     BENCH=$C/bench_grouped_gemm timeout 150 bash bench/grouped_gemm.sh 20 "$L/ggemm" ;;
+  wgmma)
+    timeout 90 "$C/test_gpu_wgmma" >"$L/wgmma.log" 2>&1; echo "rc $?"
+    grep -v "^  [a-z]" "$L/wgmma.log" | head -40
+    for v in 0 1; do
+      echo "-- variant $v"
+      MOEC_WGMMA_VARIANT=$v BENCH=$C/bench_grouped_gemm timeout 120 bash bench/grouped_gemm.sh 20 "$L/ggemm$v"
+    done ;;
   chr20)
     D=$C/chr20.fa.gz
     [ -f "$D" ] || D=data/chr20.fa.gz
