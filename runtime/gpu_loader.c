@@ -96,6 +96,12 @@ static struct {
 #undef X
 } cu;
 
+/* cuTensorMapEncodeTiled (CUDA 12.0+), looked up apart: the device-driven GEMM's TMA loads
+ * need it, nothing else does, and the CPU emulator has none. */
+static CUresult (*tensor_map_encode_tiled)(void *map, int dtype, unsigned rank, void *base, const uint64_t *dims,
+                                           const uint64_t *strides, const unsigned *box, const unsigned *elem_strides,
+                                           int interleave, int swizzle, int l2_promotion, int oob_fill);
+
 static pthread_once_t load_once = PTHREAD_ONCE_INIT;
 static int load_rc = -1;
 static char load_err[512];
@@ -185,6 +191,7 @@ static void load_driver(void) {
   }
   GPU_DRIVER_FUNCS(X)
 #undef X
+  *(void **)&tensor_map_encode_tiled = dlsym(h, "cuTensorMapEncodeTiled"); /* optional: TMA (gpu_wgmma.c) */
   CUresult r = cu.Init(0);
   if (r != CUDA_SUCCESS) {
     char rs[256];
@@ -465,6 +472,20 @@ int gpu_launch(gpu_ctx *g, void *fn, const char *name, const unsigned grid[3], c
         block[0], block[1], block[2], smem);
     return fail(g, r, what);
   }
+  return 0;
+}
+
+int gpu_tensor_map_u8_2d(gpu_ctx *g, void *map, gpu_ptr base, uint64_t rows, uint64_t cols, unsigned box_cols,
+                         unsigned box_rows) {
+  if (!tensor_map_encode_tiled) {
+    fmt(g->err, sizeof g->err, "this NVIDIA driver has no cuTensorMapEncodeTiled (TMA needs CUDA 12.0 or newer)");
+    return -1;
+  }
+  const uint64_t dims[2] = {cols, rows}, strides[1] = {cols};
+  const unsigned box[2] = {box_cols, box_rows}, elem_strides[2] = {1, 1};
+  /* CU_TENSOR_MAP_DATA_TYPE_UINT8 0, INTERLEAVE_NONE 0, SWIZZLE_128B 3, L2_PROMOTION_L2_256B 3, FLOAT_OOB_FILL_NONE 0 */
+  CALL(g, tensor_map_encode_tiled(map, 0, 2, (void *)(uintptr_t)base, dims, strides, box, elem_strides, 0, 3, 3, 0),
+       "cuTensorMapEncodeTiled");
   return 0;
 }
 

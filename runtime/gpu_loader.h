@@ -96,6 +96,11 @@ int gpu_function(gpu_ctx *g, void *module, const char *name, void **fn);
  * so that a later asynchronous failure can say which kernel it followed. */
 int gpu_launch(gpu_ctx *g, void *fn, const char *name, const unsigned grid[3],
                const unsigned block[3], unsigned smem_bytes, void **args);
+/* A TMA descriptor (CUtensorMap, 128 bytes, 64-byte aligned, at map) of the row-major byte
+ * matrix (rows, cols) at base: boxes of box_cols x box_rows with the 128-byte swizzle (wgmma's
+ * K-major form), zeros read outside. -1 where the driver lacks TMA. */
+int gpu_tensor_map_u8_2d(gpu_ctx *g, void *map, gpu_ptr base, uint64_t rows, uint64_t cols, unsigned box_cols,
+                         unsigned box_rows);
 /* Raises a kernel's dynamic shared memory limit (above 48 KiB needs this). */
 int gpu_set_max_smem(gpu_ctx *g, void *fn, int bytes);
 

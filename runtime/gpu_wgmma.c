@@ -45,6 +45,7 @@ static const char body[] =
     "  i64 K, M, N, ldc;\n"
     "  int E, mode, c_f32;\n"
     "};\n"
+    "struct __align__(64) tmap_t { u64 v[16]; }; // a CUtensorMap\n"
     "\n"
     "__device__ __forceinline__ u32 smem_u32(const void *p) { return (u32)__cvta_generic_to_shared(p); }\n"
     "// 16 bytes global -> shared; bytes 0 fills the 16 with zeros and reads nothing\n"
@@ -61,6 +62,39 @@ static const char body[] =
     "// keeps the compiler from moving reads of an accumulator across the wgmma wait\n"
     "__device__ __forceinline__ void reg_fence(float &x) { asm volatile(\"\" : \"+f\"(x)::\"memory\"); }\n"
     "\n"
+    "// mbarriers (the TMA pipeline): full[s] completes when stage s's bytes land, empty[s] when\n"
+    "// every math thread is done with it\n"
+    "__device__ __forceinline__ void mbar_init(u32 bar, u32 count) {\n"
+    "  asm volatile(\"mbarrier.init.shared::cta.b64 [%0], %1;\\n\" ::\"r\"(bar), \"r\"(count) : \"memory\");\n"
+    "}\n"
+    "__device__ __forceinline__ void mbar_expect_tx(u32 bar, u32 bytes) {\n"
+    "  asm volatile(\"mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\\n\" ::\"r\"(bar), \"r\"(bytes) : \"memory\");\n"
+    "}\n"
+    "__device__ __forceinline__ void mbar_arrive(u32 bar) {\n"
+    "  asm volatile(\"mbarrier.arrive.shared::cta.b64 _, [%0];\\n\" ::\"r\"(bar) : \"memory\");\n"
+    "}\n"
+    "// waits for the phase of parity `parity` to complete; a wait of ~2^35 cycles (~18 s) traps, so\n"
+    "// a pipeline bug fails the launch instead of hanging the process\n"
+    "__device__ __forceinline__ void mbar_wait(u32 bar, u32 parity) {\n"
+    "  long long t0 = 0;\n"
+    "  for (;;) {\n"
+    "    u32 done;\n"
+    "    asm volatile(\"{\\n.reg .pred p;\\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\\nselp.u32 %0, 1, 0, p;\\n}\\n\"\n"
+    "                 : \"=r\"(done) : \"r\"(bar), \"r\"(parity) : \"memory\");\n"
+    "    if (done) return;\n"
+    "    if (t0 == 0) t0 = clock64();\n"
+    "    else if (clock64() - t0 > (1ll << 35)) __trap();\n"
+    "  }\n"
+    "}\n"
+    "__device__ __forceinline__ void tma_load_2d(u32 dst, const tmap_t *map, int x, int y, u32 bar) {\n"
+    "  asm volatile(\"cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\\n\"\n"
+    "               ::\"r\"(dst), \"l\"((u64)map), \"r\"(x), \"r\"(y), \"r\"(bar) : \"memory\");\n"
+    "}\n"
+    "__device__ __forceinline__ void bulk_load(u32 dst, const void *src, u32 bytes, u32 bar) {\n"
+    "  asm volatile(\"cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\\n\"\n"
+    "               ::\"r\"(dst), \"l\"(src), \"r\"(bytes), \"r\"(bar) : \"memory\");\n"
+    "}\n"
+    "\n"
     "// Shared-memory matrix descriptor of a K-major tile stored with the 128-byte swizzle: rows\n"
     "// of 128 bytes, 16-byte chunk c of row r at chunk c ^ (r & 7), tile 1024-byte aligned;\n"
     "// stride between 8-row groups 1024 bytes (the leading offset is unused in this form).\n"
@@ -74,11 +108,107 @@ static const char body[] =
     "  return (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;\n"
     "}\n"
     "\n"
-    "// Group e's operands, from the per-group prefixes the block computed.\n"
-    "struct wg_group {\n"
-    "  const u8 *a, *b; const float *sa, *sb; i64 m, k, sa_ld, sb_ld, c_row0; i64 c_off;\n"
+    "// The groups' prefixes, computed once a block: rows (or padded tokens), scale floats, tiles.\n"
+    "struct wg_table {\n"
+    "  int t0[WG_MAX_E + 1], cnt[WG_MAX_E];\n"
+    "  i64 pa[WG_MAX_E], ps[WG_MAX_E];\n"
     "};\n"
+    "__device__ void wg_prefix(const wg_args &p, int BM, int tiles_n, wg_table &tb) {\n"
+    "  i64 pa = 0, ps = 0;\n"
+    "  int t0 = 0;\n"
+    "  for (int e = 0; e < p.E; e++) {\n"
+    "    int m = p.counts[e] > 0 ? p.counts[e] : 0;\n"
+    "    tb.cnt[e] = m, tb.pa[e] = pa, tb.ps[e] = ps, tb.t0[e] = t0;\n"
+    "    if (p.mode == 0) {\n"
+    "      t0 += (m + BM - 1) / BM * tiles_n;\n"
+    "      pa += m;\n"
+    "      ps += ((i64)(m + 15) / 16 * 16 * (p.K / 128) + 3) / 4 * 4;\n"
+    "    } else {\n"
+    "      t0 += (int)((p.M + BM - 1) / BM) * tiles_n;\n"
+    "      pa += (m + 127) / 128 * 128;\n"
+    "    }\n"
+    "  }\n"
+    "  tb.t0[p.E] = t0;\n"
+    "}\n"
     "\n"
+    "// Tile t's group and its operands.\n"
+    "struct wg_group {\n"
+    "  const u8 *a, *b; const float *sa, *sb;\n"
+    "  i64 m, k, sa_ld, sb_ld, c_off, a_row0, m0, n0;\n"
+    "  int e;\n"
+    "};\n"
+    "__device__ __forceinline__ wg_group wg_resolve(const wg_args &p, const wg_table &tb, int t, int BM, int BN, int tiles_n) {\n"
+    "  wg_group g;\n"
+    "  int e = 0;\n"
+    "  while (e + 1 < p.E && tb.t0[e + 1] <= t) e++;\n"
+    "  const int local = t - tb.t0[e];\n"
+    "  g.e = e, g.m0 = (i64)(local / tiles_n) * BM, g.n0 = (i64)(local % tiles_n) * BN;\n"
+    "  if (p.mode == 0) {\n"
+    "    const i64 wsb = ((p.N + 15) / 16 * 16 * (p.K / 128) + 3) / 4 * 4; // a weight's scale floats\n"
+    "    g.m = tb.cnt[e], g.k = p.K, g.a_row0 = tb.pa[e];\n"
+    "    g.a = p.a + tb.pa[e] * p.K, g.sa = p.sa + tb.ps[e], g.sa_ld = (g.m + 15) / 16 * 16;\n"
+    "    g.b = p.b + (i64)e * p.N * p.K, g.sb = p.sb + (i64)e * wsb, g.sb_ld = (p.N + 15) / 16 * 16;\n"
+    "    g.c_off = tb.pa[e] * p.ldc;\n"
+    "  } else {\n"
+    "    g.m = p.M, g.k = (tb.cnt[e] + 127) / 128 * 128, g.a_row0 = 0;\n"
+    "    g.a = p.a + p.M * tb.pa[e], g.sa = p.sa + p.M * (tb.pa[e] / 128), g.sa_ld = p.M;\n"
+    "    g.b = p.b + p.N * tb.pa[e], g.sb = p.sb + p.N * (tb.pa[e] / 128), g.sb_ld = p.N;\n"
+    "    g.c_off = (i64)e * p.M * p.N;\n"
+    "  }\n"
+    "  return g;\n"
+    "}\n"
+    "\n"
+    "// This chunk's sums (tmp) times its rows' and columns' scales, into the f32 result. The\n"
+    "// thread holds rows r, r + 8 of its warpgroup's 64 and columns 8j + 2(lane % 4) + {0, 1}.\n"
+    "__device__ __forceinline__ void wg_promote(float *acc, const float *tmp, const float *SA, const float *SB, int r, int lane) {\n"
+    "  const float s0 = SA[r], s1 = SA[r + 8];\n"
+    "#pragma unroll\n"
+    "  for (int j = 0; j < 16; j++) {\n"
+    "    const int c = 8 * j + 2 * (lane % 4);\n"
+    "    const float b0 = SB[c], b1 = SB[c + 1];\n"
+    "    acc[4 * j] += tmp[4 * j] * (s0 * b0);\n"
+    "    acc[4 * j + 1] += tmp[4 * j + 1] * (s0 * b1);\n"
+    "    acc[4 * j + 2] += tmp[4 * j + 2] * (s1 * b0);\n"
+    "    acc[4 * j + 3] += tmp[4 * j + 3] * (s1 * b1);\n"
+    "  }\n"
+    "}\n"
+    "\n"
+    "// The tile's outputs of this thread (rows r, r + 8 of the tile), only the group's own rows.\n"
+    "__device__ __forceinline__ void wg_store(const wg_args &p, const wg_group &g, const float *acc, int r, int lane) {\n"
+    "  const i64 row = g.m0 + r;\n"
+    "#pragma unroll\n"
+    "  for (int j = 0; j < 16; j++) {\n"
+    "    const i64 col = g.n0 + 8 * j + 2 * (lane % 4);\n"
+    "    if (col >= p.N) continue;\n"
+    "#pragma unroll\n"
+    "    for (int h = 0; h < 2; h++) {\n"
+    "      if (row + 8 * h >= g.m) continue;\n"
+    "      const i64 o = g.c_off + (row + 8 * h) * p.ldc + col;\n"
+    "      if (p.c_f32) {\n"
+    "        float2 v;\n"
+    "        v.x = acc[4 * j + 2 * h], v.y = acc[4 * j + 2 * h + 1];\n"
+    "        *(float2 *)((float *)p.c + o) = v;\n"
+    "      } else {\n"
+    "        *(u32 *)((u16 *)p.c + o) = bf16_bits(acc[4 * j + 2 * h]) | (bf16_bits(acc[4 * j + 2 * h + 1]) << 16);\n"
+    "      }\n"
+    "    }\n"
+    "  }\n"
+    "}\n"
+    "\n"
+    "// The four m64n128k32 wgmmas of one 128-byte K chunk, into a fresh tmp.\n"
+    "__device__ __forceinline__ void wg_chunk(float *tmp, const u8 *a_tile, const u8 *b_tile) {\n"
+    "  const u64 da = desc_sw128(smem_u32(a_tile)), db = desc_sw128(smem_u32(b_tile));\n"
+    "  wg_fence();\n"
+    "#pragma unroll\n"
+    "  for (int kk = 0; kk < 4; kk++) wg_mma_n128(tmp, da + 2 * kk, db + 2 * kk, kk); // +32 bytes of K a step\n"
+    "  wg_commit();\n"
+    "  wg_wait0();\n"
+    "#pragma unroll\n"
+    "  for (int i = 0; i < 64; i++) reg_fence(tmp[i]);\n"
+    "}\n"
+    "\n"
+    "// cp.async version (both modes): WG warpgroups of 64 rows each, every thread loads and\n"
+    "// computes, a block barrier a chunk.\n"
     "template <int WG, int ST>\n"
     "__device__ __forceinline__ void wg_fp8_gemm(const wg_args &p) {\n"
     "  constexpr int BM = 64 * WG, BN = 128, T = 128 * WG;\n"
@@ -86,63 +216,28 @@ static const char body[] =
     "  constexpr int STAGE = (A_BYTES + B_BYTES + (BM + BN) * 4 + 1023) / 1024 * 1024;\n"
     "  extern __shared__ u8 smem_raw[];\n"
     "  u8 *smem = (u8 *)(((size_t)smem_raw + 1023) & ~(size_t)1023);\n"
-    "  __shared__ int s_t0[WG_MAX_E + 1];\n"
-    "  __shared__ i64 s_pa[WG_MAX_E], s_ps[WG_MAX_E];\n"
-    "  __shared__ int s_cnt[WG_MAX_E];\n"
-    "  const int tid = threadIdx.x, E = p.E;\n"
-    "  const int tiles_n = (int)((p.N + BN - 1) / BN);\n"
-    "  if (tid == 0) { // per-group prefixes: rows (or padded tokens), scale floats, tiles\n"
-    "    i64 pa = 0, ps = 0;\n"
-    "    int t0 = 0;\n"
-    "    for (int e = 0; e < E; e++) {\n"
-    "      int m = p.counts[e] > 0 ? p.counts[e] : 0;\n"
-    "      s_cnt[e] = m, s_pa[e] = pa, s_ps[e] = ps, s_t0[e] = t0;\n"
-    "      if (p.mode == 0) {\n"
-    "        t0 += (m + BM - 1) / BM * tiles_n;\n"
-    "        pa += m;\n"
-    "        ps += ((i64)(m + 15) / 16 * 16 * (p.K / 128) + 3) / 4 * 4;\n"
-    "      } else {\n"
-    "        t0 += (int)((p.M + BM - 1) / BM) * tiles_n;\n"
-    "        pa += (m + 127) / 128 * 128;\n"
-    "      }\n"
-    "    }\n"
-    "    s_t0[E] = t0;\n"
-    "  }\n"
+    "  __shared__ wg_table tb;\n"
+    "  const int tid = threadIdx.x, tiles_n = (int)((p.N + BN - 1) / BN);\n"
+    "  if (tid == 0) wg_prefix(p, BM, tiles_n, tb);\n"
     "  __syncthreads();\n"
-    "  const int total = s_t0[E];\n"
-    "  const int wg = tid / 128, warp = (tid % 128) / 32, lane = tid % 32;\n"
-    "  const i64 wsb = ((p.N + 15) / 16 * 16 * (p.K / 128) + 3) / 4 * 4; // a weight's scale floats (rows mode)\n"
-    "  for (int t = blockIdx.x; t < total; t += gridDim.x) {\n"
-    "    int e = 0;\n"
-    "    while (e + 1 < E && s_t0[e + 1] <= t) e++;\n"
-    "    const int local = t - s_t0[e], mt = local / tiles_n, nt = local % tiles_n;\n"
-    "    wg_group g;\n"
-    "    if (p.mode == 0) {\n"
-    "      g.m = s_cnt[e], g.k = p.K;\n"
-    "      g.a = p.a + s_pa[e] * p.K, g.sa = p.sa + s_ps[e], g.sa_ld = (g.m + 15) / 16 * 16;\n"
-    "      g.b = p.b + (i64)e * p.N * p.K, g.sb = p.sb + (i64)e * wsb, g.sb_ld = (p.N + 15) / 16 * 16;\n"
-    "      g.c_off = s_pa[e] * p.ldc;\n"
-    "    } else {\n"
-    "      g.m = p.M, g.k = (s_cnt[e] + 127) / 128 * 128;\n"
-    "      g.a = p.a + p.M * s_pa[e], g.sa = p.sa + p.M * (s_pa[e] / 128), g.sa_ld = p.M;\n"
-    "      g.b = p.b + p.N * s_pa[e], g.sb = p.sb + p.N * (s_pa[e] / 128), g.sb_ld = p.N;\n"
-    "      g.c_off = (i64)e * p.M * p.N;\n"
-    "    }\n"
-    "    const i64 m0 = (i64)mt * BM, n0 = (i64)nt * BN, lda = g.k;\n"
+    "  const int wg = tid / 128, warp = (tid % 128) / 32, lane = tid % 32, r = wg * 64 + warp * 16 + lane / 4;\n"
+    "  for (int t = blockIdx.x; t < tb.t0[p.E]; t += gridDim.x) {\n"
+    "    const wg_group g = wg_resolve(p, tb, t, BM, BN, tiles_n);\n"
+    "    const i64 m0 = g.m0, n0 = g.n0, lda = g.k;\n"
     "    const int nk = (int)(g.k / 128);\n"
     "    // one stage: A (BM x 128 B) | B (BN x 128 B) | A scales (BM f32) | B scales (BN f32)\n"
     "    auto load = [&](int s, int kc) {\n"
     "      u8 *st = smem + s * STAGE;\n"
     "      const u8 *ga = g.a + m0 * lda + kc * 128, *gb = g.b + n0 * lda + kc * 128;\n"
     "      for (int q = tid; q < BM * 8; q += T) {\n"
-    "        const int r = q >> 3, c = q & 7;\n"
-    "        const bool ok = m0 + r < g.m;\n"
-    "        cp16(smem_u32(st + r * 128 + ((c ^ (r & 7)) << 4)), ok ? (const void *)(ga + r * lda + c * 16) : (const void *)p.a, ok ? 16 : 0);\n"
+    "        const int rr = q >> 3, c = q & 7;\n"
+    "        const bool ok = m0 + rr < g.m;\n"
+    "        cp16(smem_u32(st + rr * 128 + ((c ^ (rr & 7)) << 4)), ok ? (const void *)(ga + rr * lda + c * 16) : (const void *)p.a, ok ? 16 : 0);\n"
     "      }\n"
     "      for (int q = tid; q < BN * 8; q += T) {\n"
-    "        const int r = q >> 3, c = q & 7;\n"
-    "        const bool ok = n0 + r < p.N;\n"
-    "        cp16(smem_u32(st + A_BYTES + r * 128 + ((c ^ (r & 7)) << 4)), ok ? (const void *)(gb + r * lda + c * 16) : (const void *)p.b, ok ? 16 : 0);\n"
+    "        const int rr = q >> 3, c = q & 7;\n"
+    "        const bool ok = n0 + rr < p.N;\n"
+    "        cp16(smem_u32(st + A_BYTES + rr * 128 + ((c ^ (rr & 7)) << 4)), ok ? (const void *)(gb + rr * lda + c * 16) : (const void *)p.b, ok ? 16 : 0);\n"
     "      }\n"
     "      for (int q = tid; q < (BM + BN) / 4; q += T) {\n"
     "        const bool isa = q < BM / 4;\n"
@@ -167,61 +262,77 @@ static const char body[] =
     "      if (kc + ST - 1 < nk) load((kc + ST - 1) % ST, kc + ST - 1);\n"
     "      cp_commit();\n"
     "      const u8 *st = smem + (kc % ST) * STAGE;\n"
-    "      const u64 da = desc_sw128(smem_u32(st + wg * 64 * 128)), db = desc_sw128(smem_u32(st + A_BYTES));\n"
-    "      wg_fence();\n"
-    "#pragma unroll\n"
-    "      for (int kk = 0; kk < 4; kk++) wg_mma_n128(tmp, da + 2 * kk, db + 2 * kk, kk); // +32 bytes of K a step\n"
-    "      wg_commit();\n"
-    "      wg_wait0();\n"
-    "#pragma unroll\n"
-    "      for (int i = 0; i < 64; i++) reg_fence(tmp[i]);\n"
-    "      // promote: this chunk's sums times its rows' and columns' scales, into f32\n"
-    "      const float *SA = (const float *)(st + A_BYTES + B_BYTES), *SB = SA + BM;\n"
-    "      const int r = wg * 64 + warp * 16 + lane / 4;\n"
-    "      const float s0 = SA[r], s1 = SA[r + 8];\n"
-    "#pragma unroll\n"
-    "      for (int j = 0; j < 16; j++) {\n"
-    "        const int c = 8 * j + 2 * (lane % 4);\n"
-    "        const float b0 = SB[c], b1 = SB[c + 1];\n"
-    "        acc[4 * j] += tmp[4 * j] * (s0 * b0);\n"
-    "        acc[4 * j + 1] += tmp[4 * j + 1] * (s0 * b1);\n"
-    "        acc[4 * j + 2] += tmp[4 * j + 2] * (s1 * b0);\n"
-    "        acc[4 * j + 3] += tmp[4 * j + 3] * (s1 * b1);\n"
-    "      }\n"
+    "      wg_chunk(tmp, st + wg * 64 * 128, st + A_BYTES);\n"
+    "      wg_promote(acc, tmp, (const float *)(st + A_BYTES + B_BYTES), (const float *)(st + A_BYTES + B_BYTES) + BM, r, lane);\n"
     "    }\n"
     "    cp_wait<0>();\n"
     "    __syncthreads(); // the next tile's loads reuse the stages\n"
-    "    // store: thread holds rows r, r + 8 and columns 8j + 2(lane % 4) + {0, 1}\n"
-    "    const i64 row = m0 + wg * 64 + warp * 16 + lane / 4;\n"
-    "#pragma unroll\n"
-    "    for (int j = 0; j < 16; j++) {\n"
-    "      const i64 col = n0 + 8 * j + 2 * (lane % 4);\n"
-    "      if (col >= p.N) continue;\n"
-    "#pragma unroll\n"
-    "      for (int h = 0; h < 2; h++) {\n"
-    "        if (row + 8 * h >= g.m) continue;\n"
-    "        const i64 o = g.c_off + (row + 8 * h) * p.ldc + col;\n"
-    "        if (p.c_f32) {\n"
-    "          float2 v; v.x = acc[4 * j + 2 * h]; v.y = acc[4 * j + 2 * h + 1];\n"
-    "          *(float2 *)((float *)p.c + o) = v;\n"
-    "        } else {\n"
-    "          *(u32 *)((u16 *)p.c + o) = bf16_bits(acc[4 * j + 2 * h]) | (bf16_bits(acc[4 * j + 2 * h + 1]) << 16);\n"
-    "        }\n"
+    "    wg_store(p, g, acc, r, lane);\n"
+    "  }\n"
+    "}\n"
+    "\n"
+    "// TMA version (rows mode): warps 0-7 are two math warpgroups (rows 0-63, 64-127 of a 128 x 128\n"
+    "// tile), each on its own schedule; warp 8 is the producer: one thread issues every stage's\n"
+    "// TMA loads (A and B tiles, already swizzled) and bulk copies (the scales), ST stages deep.\n"
+    "template <int ST>\n"
+    "__device__ __forceinline__ void wg_fp8_tma(const tmap_t &ta, const tmap_t &tbm, const wg_args &p) {\n"
+    "  constexpr int BM = 128, BN = 128, A_BYTES = BM * 128, B_BYTES = BN * 128, STAGE = A_BYTES + B_BYTES + 1024;\n"
+    "  extern __shared__ u8 smem_raw[];\n"
+    "  u8 *smem = (u8 *)(((size_t)smem_raw + 1023) & ~(size_t)1023);\n"
+    "  __shared__ wg_table tb;\n"
+    "  __shared__ __align__(8) u64 full[ST], empty[ST];\n"
+    "  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, tiles_n = (int)((p.N + BN - 1) / BN);\n"
+    "  if (tid == 0) {\n"
+    "    wg_prefix(p, BM, tiles_n, tb);\n"
+    "    for (int s = 0; s < ST; s++) mbar_init(smem_u32(&full[s]), 1), mbar_init(smem_u32(&empty[s]), 256);\n"
+    "    asm volatile(\"fence.mbarrier_init.release.cluster;\\n\" ::: \"memory\");\n"
+    "  }\n"
+    "  __syncthreads();\n"
+    "  const int total = tb.t0[p.E];\n"
+    "  if (warp == 8) { // producer\n"
+    "    if (lane != 0) return;\n"
+    "    int s = 0;\n"
+    "    u32 ph = 0;\n"
+    "    for (int t = blockIdx.x; t < total; t += gridDim.x) {\n"
+    "      const wg_group g = wg_resolve(p, tb, t, BM, BN, tiles_n);\n"
+    "      const u32 sa_bytes = (u32)min((i64)BM, g.sa_ld - g.m0) * 4, sb_bytes = (u32)min((i64)BN, g.sb_ld - g.n0) * 4;\n"
+    "      for (int kc = 0; kc < (int)(g.k / 128); kc++) {\n"
+    "        u8 *st = smem + s * STAGE;\n"
+    "        mbar_wait(smem_u32(&empty[s]), ph ^ 1);\n"
+    "        mbar_expect_tx(smem_u32(&full[s]), A_BYTES + B_BYTES + sa_bytes + sb_bytes);\n"
+    "        tma_load_2d(smem_u32(st), &ta, kc * 128, (int)(g.a_row0 + g.m0), smem_u32(&full[s]));\n"
+    "        tma_load_2d(smem_u32(st + A_BYTES), &tbm, kc * 128, (int)(g.e * p.N + g.n0), smem_u32(&full[s]));\n"
+    "        bulk_load(smem_u32(st + A_BYTES + B_BYTES), g.sa + kc * g.sa_ld + g.m0, sa_bytes, smem_u32(&full[s]));\n"
+    "        bulk_load(smem_u32(st + A_BYTES + B_BYTES + 512), g.sb + kc * g.sb_ld + g.n0, sb_bytes, smem_u32(&full[s]));\n"
+    "        if (++s == ST) s = 0, ph ^= 1;\n"
     "      }\n"
     "    }\n"
+    "    return;\n"
+    "  }\n"
+    "  const int wg = warp / 4, r = wg * 64 + (warp % 4) * 16 + lane / 4;\n"
+    "  int s = 0;\n"
+    "  u32 ph = 0;\n"
+    "  for (int t = blockIdx.x; t < total; t += gridDim.x) {\n"
+    "    const wg_group g = wg_resolve(p, tb, t, BM, BN, tiles_n);\n"
+    "    float acc[64], tmp[64];\n"
+    "#pragma unroll\n"
+    "    for (int i = 0; i < 64; i++) acc[i] = 0.f, tmp[i] = 0.f;\n"
+    "    for (int kc = 0; kc < (int)(g.k / 128); kc++) {\n"
+    "      const u8 *st = smem + s * STAGE;\n"
+    "      mbar_wait(smem_u32(&full[s]), ph);\n"
+    "      wg_chunk(tmp, st + wg * 64 * 128, st + A_BYTES);\n"
+    "      wg_promote(acc, tmp, (const float *)(st + A_BYTES + B_BYTES), (const float *)(st + A_BYTES + B_BYTES + 512), r, lane);\n"
+    "      mbar_arrive(smem_u32(&empty[s]));\n"
+    "      if (++s == ST) s = 0, ph ^= 1;\n"
+    "    }\n"
+    "    wg_store(p, g, acc, r, lane);\n"
     "  }\n"
     "}\n";
 
-/* the stage size and dynamic shared memory of a variant (mirrors STAGE in the source) */
-static unsigned variant_smem(int wg, int st) {
-  int bm = 64 * wg, bn = 128, stage = (bm * 128 + bn * 128 + (bm + bn) * 4 + 1023) / 1024 * 1024;
-  return (unsigned)(stage * st + 1024);
-}
-
 static const struct {
-  int wg, st;
+  int tma, wg, st; /* TMA + producer warp (rows mode; wgrad runs the first cp.async variant) */
 } variants[] = {
-#define V(w, s) {w, s},
+#define V(t, w, s) {t, w, s},
     GPU_WGMMA_VARIANTS(V)
 #undef V
 };
@@ -229,10 +340,22 @@ enum { N_VARIANTS = sizeof variants / sizeof variants[0] };
 
 int gpu_wgmma_n_variants(void) { return N_VARIANTS; }
 
+/* dynamic shared memory of a variant (mirrors STAGE in the source, + 1 KiB for alignment) */
+static unsigned variant_smem(int v) {
+  int bm = 64 * variants[v].wg, bn = 128;
+  int stage = variants[v].tma ? bm * 128 + bn * 128 + 1024 : (bm * 128 + bn * 128 + (bm + bn) * 4 + 1023) / 1024 * 1024;
+  return (unsigned)(stage * variants[v].st + 1024);
+}
+static unsigned variant_threads(int v) { return 128u * (unsigned)variants[v].wg + (variants[v].tma ? 32u : 0u); }
+static void variant_name(int v, char *name, size_t len) {
+  if (variants[v].tma) snprintf(name, len, "wg_fp8_tma_s%d", variants[v].st);
+  else snprintf(name, len, "wg_fp8_w%d_s%d", variants[v].wg, variants[v].st);
+}
+
 const char *gpu_wgmma_source(void) {
   static char *src;
   if (src) return src;
-  char *s = NULL, line[160];
+  char *s = NULL, line[256];
   size_t len = 0, cap = 0;
   snprintf(line, sizeof line, "#define WG_MAX_E %d\n", GPU_WGMMA_MAX_E);
   append(&s, &len, &cap, line);
@@ -251,9 +374,16 @@ const char *gpu_wgmma_source(void) {
   append(&s, &len, &cap, "\n    : \"l\"(da), \"l\"(db), \"r\"(scale_d));\n}\n");
   append(&s, &len, &cap, body);
   for (int v = 0; v < N_VARIANTS; v++) {
-    snprintf(line, sizeof line,
-             "extern \"C\" __global__ void __launch_bounds__(%d, 1) wg_fp8_w%d_s%d(const wg_args p) { wg_fp8_gemm<%d, %d>(p); }\n",
-             128 * variants[v].wg, variants[v].wg, variants[v].st, variants[v].wg, variants[v].st);
+    char name[64];
+    variant_name(v, name, sizeof name);
+    if (variants[v].tma)
+      snprintf(line, sizeof line,
+               "extern \"C\" __global__ void __launch_bounds__(%u, 1) %s(const __grid_constant__ tmap_t ta, "
+               "const __grid_constant__ tmap_t tb, const wg_args p) { wg_fp8_tma<%d>(ta, tb, p); }\n",
+               variant_threads(v), name, variants[v].st);
+    else
+      snprintf(line, sizeof line, "extern \"C\" __global__ void __launch_bounds__(%u, 1) %s(const wg_args p) { wg_fp8_gemm<%d, %d>(p); }\n",
+               variant_threads(v), name, variants[v].wg, variants[v].st);
     append(&s, &len, &cap, line);
   }
   return src = s;
@@ -264,7 +394,7 @@ struct gpu_wgmma {
   void *module;
   void *fn[N_VARIANTS];
   int blocks_per_sm[N_VARIANTS];
-  int variant;
+  int variant, cp_variant; /* the chosen one; the first cp.async one (wgrad under a TMA choice) */
 };
 
 /* the kernel's parameter block, laid out as struct wg_args in the source */
@@ -294,10 +424,11 @@ gpu_wgmma *gpu_wgmma_new(gpu_ctx *g, const char *arch, const char *cache_dir, ch
   int rc = gpu_module_load(g, out.image, &w->module, "wgmma_fp8");
   gpu_nvrtc_out_free(&out);
   const int optin = gpu_info(g)->smem_optin;
+  w->cp_variant = -1;
   for (int v = 0; rc == 0 && v < N_VARIANTS; v++) {
     char name[64];
-    snprintf(name, sizeof name, "wg_fp8_w%d_s%d", variants[v].wg, variants[v].st);
-    unsigned smem = variant_smem(variants[v].wg, variants[v].st);
+    variant_name(v, name, sizeof name);
+    unsigned smem = variant_smem(v);
     rc = gpu_function(g, w->module, name, &w->fn[v]);
     if (rc == 0 && (int)smem > optin) {
       w->fn[v] = NULL; /* does not fit this device */
@@ -306,9 +437,15 @@ gpu_wgmma *gpu_wgmma_new(gpu_ctx *g, const char *arch, const char *cache_dir, ch
     if (rc == 0) rc = gpu_set_max_smem(g, w->fn[v], (int)smem);
     /* blocks an SM: shared memory (plus the group table's ~3 KiB and 1 KiB the system keeps
        a block) and 64 K registers (ptxas: ~220 a thread) */
-    int by_smem = (int)(228 * 1024 / (smem + 4096)), by_regs = 65536 / (128 * variants[v].wg * 224);
+    int by_smem = (int)(228 * 1024 / (smem + 4096)), by_regs = 65536 / ((int)variant_threads(v) * 224);
     w->blocks_per_sm[v] = by_smem < by_regs ? by_smem : by_regs;
     if (w->blocks_per_sm[v] < 1) w->blocks_per_sm[v] = 1;
+    if (!variants[v].tma && w->cp_variant < 0) w->cp_variant = v;
+  }
+  if (rc == 0 && w->cp_variant < 0) {
+    gpu_wgmma_free(w);
+    snprintf(err, errlen, "wgmma grouped GEMM: no cp.async variant fits this device's shared memory");
+    return NULL;
   }
   if (rc != 0) {
     snprintf(err, errlen, "%s", gpu_error(g));
@@ -327,26 +464,21 @@ void gpu_wgmma_free(gpu_wgmma *w) {
 }
 
 void gpu_wgmma_set_variant(gpu_wgmma *w, int v) {
-  if (v < 0 || v >= N_VARIANTS || !w->fn[v]) v = 0;
+  if (v < 0 || v >= N_VARIANTS || !w->fn[v]) v = w->fn[0] ? 0 : w->cp_variant;
   w->variant = v;
 }
 
-static int launch(gpu_wgmma *w, wg_args *a, int64_t tiles_bound, char *err, size_t errlen) {
-  const int v = w->variant;
-  if (!w->fn[v]) {
-    snprintf(err, errlen, "wgmma grouped GEMM: variant %d does not fit this device's shared memory", v);
-    return -1;
-  }
-  if (a->E < 1 || a->E > GPU_WGMMA_MAX_E) {
-    snprintf(err, errlen, "wgmma grouped GEMM: %d experts (1 to %d supported); use the cuBLASLt path (MOEC_FP8_GEMM=cublas)",
-             (int)a->E, GPU_WGMMA_MAX_E);
+/* v's kernel over tiles_bound tiles at most: a persistent grid of the blocks that fit */
+static int launch(gpu_wgmma *w, int v, void **args, int64_t tiles_bound, int E, char *err, size_t errlen) {
+  if (E < 1 || E > GPU_WGMMA_MAX_E) {
+    snprintf(err, errlen, "wgmma grouped GEMM: %d experts (1 to %d supported); MOEC_FP8_GEMM=cublas runs them on cuBLASLt",
+             E, GPU_WGMMA_MAX_E);
     return -1;
   }
   int64_t slots = (int64_t)gpu_info(w->g)->sm_count * w->blocks_per_sm[v];
   unsigned grid[3] = {(unsigned)(tiles_bound < slots ? (tiles_bound > 0 ? tiles_bound : 1) : slots), 1, 1},
-           block[3] = {128u * (unsigned)variants[v].wg, 1, 1};
-  void *args[] = {a};
-  if (gpu_launch(w->g, w->fn[v], "wgmma_fp8", grid, block, variant_smem(variants[v].wg, variants[v].st), args) != 0) {
+           block[3] = {variant_threads(v), 1, 1};
+  if (gpu_launch(w->g, w->fn[v], "wgmma_fp8", grid, block, variant_smem(v), args) != 0) {
     snprintf(err, errlen, "%s", gpu_error(w->g));
     return -1;
   }
@@ -368,14 +500,29 @@ int gpu_wgmma_fp8_rows(gpu_wgmma *w, gpu_ptr counts, int64_t E, int64_t S, int64
     return -1;
   if (S == 0) return 0;
   wg_args a = {qa, sa, qb, sb, c, counts, K, 0, N, ldc, (int32_t)E, 0, tc == CG_DT_F32, 0};
-  const int64_t bm = 64 * variants[w->variant].wg, tiles = (S / bm + E) * ((N + 127) / 128);
-  return launch(w, &a, tiles, err, errlen);
+  const int v = w->variant;
+  const int64_t bm = 64 * variants[v].wg, tiles = (S / bm + E) * ((N + 127) / 128);
+  if (!variants[v].tma) {
+    void *args[] = {&a};
+    return launch(w, v, args, tiles, (int)E, err, errlen);
+  }
+  /* TMA boxes of 128 bytes of K by 128 rows: A (S, K) (rows past S read as zeros), B (E N, K) */
+  _Alignas(64) unsigned char ta[128], tb[128];
+  if (gpu_tensor_map_u8_2d(w->g, ta, qa, (uint64_t)S, (uint64_t)K, 128, 128) != 0 ||
+      gpu_tensor_map_u8_2d(w->g, tb, qb, (uint64_t)(E * N), (uint64_t)K, 128, 128) != 0) {
+    snprintf(err, errlen, "wgmma grouped GEMM: %s", gpu_error(w->g));
+    return -1;
+  }
+  void *args[] = {ta, tb, &a};
+  return launch(w, v, args, tiles, (int)E, err, errlen);
 }
 
 int gpu_wgmma_fp8_wgrad(gpu_wgmma *w, gpu_ptr counts, int64_t E, int64_t M, int64_t N, gpu_ptr qa, gpu_ptr sa,
                         gpu_ptr qb, gpu_ptr sb, cg_dtype tc, gpu_ptr c, char *err, size_t errlen) {
   if (check_dims("M", M, 16, err, errlen) || check_dims("N", N, 16, err, errlen)) return -1;
   wg_args a = {qa, sa, qb, sb, c, counts, 0, M, N, N, (int32_t)E, 1, tc == CG_DT_F32, 0};
-  const int64_t bm = 64 * variants[w->variant].wg, tiles = E * ((M + bm - 1) / bm) * ((N + 127) / 128);
-  return launch(w, &a, tiles, err, errlen);
+  const int v = variants[w->variant].tma ? w->cp_variant : w->variant;
+  const int64_t bm = 64 * variants[v].wg, tiles = E * ((M + bm - 1) / bm) * ((N + 127) / 128);
+  void *args[] = {&a};
+  return launch(w, v, args, tiles, (int)E, err, errlen);
 }

@@ -17,7 +17,7 @@
  *
  * The kernel (gpu_wgmma.c): a persistent grid walks tiles of BM x BN outputs (BM = 64 per
  * warpgroup, BN = 128) across experts; K streams through shared memory in 128-byte chunks
- * (one scale block) by cp.async, ST stages, stored in wgmma's 128-byte-swizzled K-major form;
+ * (one scale block), ST stages, by TMA or cp.async, in wgmma's 128-byte-swizzled K-major form;
  * each chunk is four m64n128k32 wgmmas into a fresh accumulator, which is then scaled by its
  * rows' and columns' scales and added to the f32 result (the promotion every 128 of K that
  * DESIGN.md asks of FP8 on Hopper, since its FP8 tensor-core sums keep fewer bits than f32). */
@@ -32,8 +32,10 @@
 
 typedef struct gpu_wgmma gpu_wgmma;
 
-/* The variants (warpgroups a block, pipeline stages): name suffix, warpgroups, stages. */
-#define GPU_WGMMA_VARIANTS(X) X(2, 4) X(1, 4)
+/* The variants: X(tma, warpgroups, stages). tma 1: TMA loads by a producer warp, the two
+ * math warpgroups on their own schedules (rows mode; wgrad then runs the first cp.async
+ * variant); tma 0: every thread loads by cp.async, one block barrier a chunk (both modes). */
+#define GPU_WGMMA_VARIANTS(X) X(1, 2, 5) X(0, 2, 4) X(0, 1, 4)
 enum { GPU_WGMMA_MAX_E = 128 };
 
 /* The module's CUDA source (self-contained: no headers). */

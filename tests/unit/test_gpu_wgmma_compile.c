@@ -1,8 +1,8 @@
 /* test_gpu_wgmma_compile.c -- the FP8 grouped GEMM module (runtime/gpu_wgmma.c) compiles with
  * NVRTC for sm_90a (no GPU needed) with an empty log, ptxas asked to warn about spills and
  * local memory (spills fail past SPILL_LIMIT bytes a kernel); its PTX (compute_90a) holds
- * every variant's entry point and the wgmma, cp.async and proxy-fence instructions the kernel
- * is written with. Skips, and passes, where NVRTC is not installed. MOEC_DUMP_DIR=DIR writes
+ * every variant's entry point and the wgmma, cp.async, TMA, mbarrier and proxy-fence
+ * instructions the kernels are written with. Skips, and passes, where NVRTC is not installed. MOEC_DUMP_DIR=DIR writes
  * the source and the logs there. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,13 +17,15 @@ static void check_ptx(const char *ptx) {
   static const char *const want[] = {
       "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3", "wgmma.fence.sync.aligned", "wgmma.commit_group.sync.aligned",
       "wgmma.wait_group.sync.aligned", "cp.async.cg.shared.global", "fence.proxy.async.shared::cta",
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes", "mbarrier.try_wait.parity",
   };
   for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
     if (!strstr(ptx, want[i])) FAIL("the PTX has no %s", want[i]);
   char name[64];
   int expect = 0, entries = 0;
-#define ENTRY(w, s)                                                                                \
-  snprintf(name, sizeof name, ".entry wg_fp8_w%d_s%d(", w, s);                                      \
+#define ENTRY(t, w, s)                                                                             \
+  if (t) snprintf(name, sizeof name, ".entry wg_fp8_tma_s%d(", s);                                  \
+  else snprintf(name, sizeof name, ".entry wg_fp8_w%d_s%d(", w, s);                                 \
   expect++;                                                                                        \
   if (!strstr(ptx, name)) FAIL("no entry point %s", name + 7);
   GPU_WGMMA_VARIANTS(ENTRY)
