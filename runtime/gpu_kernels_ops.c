@@ -568,8 +568,8 @@ int rt_cuda_mxfp8_qdq(rt_cuda *k, cg_dtype tx, gpu_ptr x, cg_dtype ty, gpu_ptr y
                     ARGS(&x, &y, &outer, &L, &inner, &units, &counts, &E));
 }
 
-/* Threads per group of the row-wise MXFP8 kernels (cg_mxfp8.c's TPG). */
-static int64_t mx_tpg(int64_t group) { return group >= 64 ? group / 8 : group < 32 ? group : 32; }
+/* Threads per group of the row-wise MXFP8 kernels (cg_mxfp8.c's TPG: 8 elements a thread). */
+static int64_t mx_tpg(int64_t group) { return group >= 8 ? group / 8 : 1; }
 
 /* Along the rows of a column window: lanes share a unit, so a warp's accesses are consecutive
  * (cg_mxfp8.c, mxfp8_qdq_last). */
@@ -611,7 +611,8 @@ int rt_cuda_mxfp8_quantize_win(rt_cuda *k, cg_dtype t, gpu_ptr x, int64_t ldx, i
   int rb = round_bf16 != 0;
   char name[64];
   KN("mxfp8_quantize", 1, t);
-  return rtk_launch(k, CG_FAM_MXFP8, &v, name, rtk_blocks(ngroups * tpg, CG_NT_MX), 1, CG_NT_MX,
+  /* QR_U = 4 chunks (of 8 elements) a thread (cg_mxfp8.c) */
+  return rtk_launch(k, CG_FAM_MXFP8, &v, name, rtk_blocks(ngroups * tpg, CG_NT_MX * 4), 1, CG_NT_MX,
                     ARGS(&x, &q, &scale, &ngroups, &gpr, &ldx, &sx, &rb));
 }
 
@@ -621,8 +622,8 @@ int rt_cuda_mxfp8_quantize_cols(rt_cuda *k, cg_dtype t, gpu_ptr x, int64_t rows,
   const cg_variant v = {(int)block, share128 != 0};
   char name[64];
   KN("mxfp8_quantize_cols", 1, t);
-  /* tiles of 128 rows by 32 columns, one block each (cg_mxfp8.c) */
-  int64_t blocks = (cols + 31) / 32 * ((rows + 127) / 128);
+  /* tiles of 128 rows by 64 columns, one block each (cg_mxfp8.c, QC_COLS) */
+  int64_t blocks = (cols + 63) / 64 * ((rows + 127) / 128);
   return rtk_launch(k, CG_FAM_MXFP8, &v, name, (uint64_t)blocks, 1, CG_NT_MX, ARGS(&x, &qt, &scale_t, &rows, &cols));
 }
 
@@ -640,7 +641,7 @@ int rt_cuda_mxfp8_scales_vec128(rt_cuda *k, gpu_ptr scale, int64_t rows, int64_t
                                 int64_t E, int64_t seg_rows, gpu_ptr sf) {
   if (mx_check(k, "mxfp8_scales_vec128", K, block, 1)) return -1;
   const cg_variant v = {(int)block, 1};
-  int64_t n = rows * (K / 128);
+  int64_t n = rows * ((K / 128 + 7) / 8); /* a thread a row's 8 column blocks (cg_mxfp8.c, QS_KB) */
   return rtk_launch(k, CG_FAM_MXFP8, &v, "moec_mxfp8_scales_vec128", rtk_blocks(n, CG_NT_MX), 1, CG_NT_MX,
                     ARGS(&scale, &sf, &rows, &K, &counts, &E, &seg_rows));
 }
@@ -660,7 +661,7 @@ int rt_cuda_mxfp8_quantize_cols_experts_win(rt_cuda *k, cg_dtype t, gpu_ptr x, i
   int64_t units = S / 128 + E;
   char name[64];
   KN("mxfp8_quantize_cols_experts", 1, t);
-  int64_t blocks = (C + 31) / 32 * units; /* one block a tile of 128 rows by 32 columns (cg_mxfp8.c) */
+  int64_t blocks = (C + 63) / 64 * units; /* one block a tile of 128 rows by 64 columns (cg_mxfp8.c, QC_COLS) */
   return rtk_launch(k, CG_FAM_MXFP8, &v, name, (uint64_t)blocks, 1, CG_NT_MX,
                     ARGS(&x, &qt, &sf, &C, &counts, &E, &units, &ldx, &sx, &rb));
 }

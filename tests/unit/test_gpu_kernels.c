@@ -961,6 +961,98 @@ static void test_fp8_operands(cg_dtype t) {
   dfree_all();
 }
 
+/* The MXFP8 quantizers' awkward shapes: column-wise with rows of 45 elements (not 16-byte
+ * aligned, a short column tile); the weight-gradient operand from an unaligned window, C = 45,
+ * 40 experts (the expert lookup reads counts 32 at a time) with empty ones first, in the
+ * middle and last, and a NaN in an expert's short last unit (ck scales the padding too); the
+ * f32 scales of a wide K (whole 16-byte loads of codes). */
+static void test_mxfp8_shapes(cg_dtype t) {
+  printf("mxfp8 shapes [%s]:\n", cg_dtype_name(t));
+  for (int share = 0; share < 2; share++) { /* quantize_cols of x (256, 45): x^T's rows quantized */
+    const int64_t R = 256, C = 45, n = R * C;
+    float *x = mx_input(R, C, t), *xt = falloc(n);
+    for (int64_t c = 0; c < C; c++)
+      for (int64_t r = 0; r < R; r++) xt[c * R + r] = x[r * C + c];
+    uint8_t *q = malloc(n), *s = malloc(n / 32), *gq = malloc(n), *gs = malloc(n / 32);
+    CHECK(ck_mxfp8_quantize(xt, C, R, 32, share, q, s) == CK_OK, "ck_mxfp8_quantize");
+    gpu_ptr dx = up_f(x, n, t), dq = dmalloc(n), ds = dmalloc(n / 32);
+    RUN(rt_cuda_mxfp8_quantize_cols(K, t, dx, R, C, 32, share, dq, ds));
+    download(gq, dq, n);
+    download(gs, ds, n / 32);
+    CHECK(memcmp(q, gq, n) == 0 && memcmp(s, gs, n / 32) == 0, "mxfp8 quantize_cols differs on 45 columns%s",
+          share ? " (128-shared)" : "");
+    printf("  %-44s %6lld values, bit-exact\n", share ? "quantize columns, 45 of them, 128-shared" : "quantize columns, 45 of them",
+           (long long)n);
+    free(x), free(xt), free(q), free(s), free(gq), free(gs);
+  }
+  { /* the weight-gradient operand */
+    enum { E = 40 };
+    int32_t counts[E] = {0};
+    counts[3] = 200, counts[17] = 1, counts[34] = 128, counts[36] = 57; /* the rest empty */
+    const int64_t C = 45, W = C + 10, s0 = 3;
+    int64_t S = 0, Ptot = 0;
+    for (int e = 0; e < E; e++) S += counts[e], Ptot += (counts[e] + 127) / 128 * 128;
+    float *xw = mx_input(S, W, CG_DT_F32), *win = falloc(S * C);
+    xw[150 * W + s0 + 7] = NAN; /* expert 3's second unit: rows 128 .. 199 and 56 of padding */
+    for (int64_t r = 0; r < S; r++) memcpy(win + r * C, xw + r * W + s0, (size_t)C * sizeof *win);
+    gpu_ptr dc = up_raw(counts, sizeof counts), dq = dmalloc((size_t)(C * Ptot)), dsf = dmalloc((size_t)(C * Ptot / 128) * 4);
+    uint8_t *gq = malloc((size_t)(C * Ptot));
+    float *gsf = falloc(C * Ptot / 128);
+    if (t == CG_DT_F32) { /* through a cast to bf16 never written */
+      ck_round_bf16(win, S * C);
+      gpu_ptr dxw = up_f(xw, S * W, CG_DT_F32);
+      RUN(rt_cuda_mxfp8_quantize_cols_experts_win(K, CG_DT_F32, dxw, W, s0, 1, S, C, dc, E, dq, dsf));
+    } else { /* x itself, bf16 */
+      ck_round_bf16(win, S * C);
+      gpu_ptr dx = up_f(win, S * C, CG_DT_BF16);
+      RUN(rt_cuda_mxfp8_quantize_cols_experts(K, CG_DT_BF16, dx, S, C, dc, E, dq, dsf));
+    }
+    download(gq, dq, (size_t)(C * Ptot));
+    download(gsf, dsf, (size_t)(C * Ptot / 128) * 4);
+    int64_t bad = cols_experts_bad(win, S, C, counts, E, gq, gsf);
+    CHECK(bad == 0, "quantize_cols_experts differs with 40 experts and 45 columns (%lld bad blocks)", (long long)bad);
+    printf("  %-44s %6lld values, bit-exact\n", "expert columns, 40 experts, 45 columns", (long long)(S * C));
+    free(xw), free(win), free(gq), free(gsf);
+  }
+  { /* f32 scales of K = 2048 (16 column blocks a row: two threads a row) */
+    const int64_t S = 300, KD = 2048, E4 = 4;
+    const int32_t counts[4] = {0, 130, 1, 169};
+    gpu_ptr dc = up_raw(counts, sizeof counts);
+    float *y = mx_input(S, KD, t);
+    uint8_t *q = malloc((size_t)(S * KD)), *s = malloc((size_t)(S * KD / 32));
+    CHECK(ck_mxfp8_quantize(y, S, KD, 32, 1, q, s) == CK_OK, "ck_mxfp8_quantize");
+    gpu_ptr dy = up_f(y, S * KD, t), dqy = dmalloc((size_t)(S * KD)), dsy = dmalloc((size_t)(S * KD / 32));
+    RUN(rt_cuda_mxfp8_quantize(K, t, dy, S, KD, 32, 1, dqy, dsy));
+    uint8_t *gq = malloc((size_t)(S * KD)), *gs = malloc((size_t)(S * KD / 32));
+    download(gq, dqy, (size_t)(S * KD));
+    download(gs, dsy, (size_t)(S * KD / 32));
+    CHECK(memcmp(q, gq, (size_t)(S * KD)) == 0 && memcmp(s, gs, (size_t)(S * KD / 32)) == 0,
+          "mxfp8 quantize (300 x 2048, 128-shared) differs from ck_mxfp8_quantize");
+    int64_t total = 0;
+    for (int e = 0; e < E4; e++) total += fp8_scale_floats(fp8_rows(counts[e]), KD);
+    gpu_ptr dsf2 = dmalloc((size_t)total * 4);
+    RUN(gpu_memset32(G, dsf2, 0x7f800000u, (size_t)total) == 0 ? 0 : -1);
+    RUN(rt_cuda_mxfp8_scales_vec128(K, dsy, S, KD, 32, dc, E4, 0, dsf2));
+    float *g2 = falloc(total);
+    download(g2, dsf2, (size_t)total * 4);
+    int64_t r0 = 0, so = 0, bad = 0;
+    for (int e = 0; e < E4; e++) {
+      for (int64_t kb = 0; kb < KD / 128; kb++)
+        for (int64_t r = 0; r < counts[e]; r++) {
+          int code = s[(r0 + r) * (KD / 32) + kb * 4];
+          float want = code == 0xFF ? NAN : ldexpf(1.0f, code - 127), got = g2[so + kb * fp8_rows(counts[e]) + r];
+          bad += !(got == want || (isnan(got) && isnan(want)));
+        }
+      r0 += counts[e], so += fp8_scale_floats(fp8_rows(counts[e]), KD);
+    }
+    CHECK(bad == 0, "scales_vec128 (K = 2048): %lld scales differ", (long long)bad);
+    printf("  %-44s %6lld scales, bit-exact\n", "quantize and f32 scales, K = 2048", (long long)(S * KD / 128));
+    free(y), free(q), free(s), free(gq), free(gs), free(g2);
+  }
+  expect_flag("mxfp8 shapes", CK_OK);
+  dfree_all();
+}
+
 /* FP8 GEMM with 1x128 block scales (cuBLASLt VEC128_32F) on operands from the 128-shared
  * quantize: against the exact product of the values the quantization holds (ck_mxfp8_qdq),
  * in double. Every 128-block of a row gets its own binade, so a scale read from the wrong
@@ -1070,6 +1162,7 @@ int main(void) {
     test_mxfp8((cg_dtype)t, 32, 0);
     test_mxfp8((cg_dtype)t, 32, 1);
     test_fp8_operands((cg_dtype)t);
+    test_mxfp8_shapes((cg_dtype)t);
     for (int y = 0; y < CG_DT_COUNT; y++)
       for (int share = 0; share < 2; share++) test_mxfp8_qdq((cg_dtype)t, (cg_dtype)y, share);
   }
