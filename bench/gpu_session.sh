@@ -6,6 +6,7 @@
 #   kernels  test_gpu_kernels against the CPU, test_gpu_nccl (one-rank world)    [210 s]
 #   step     test_gpu_step: tiny and l0_sanity, 20 steps against the CPU        [300 s]
 #   steptiny test_gpu_step on tiny only (MOEC_GPU_STEP_ONLY=tiny)                [120 s]
+#   steptinywg  the same with the FP8 expert GEMMs on the wgmma kernel (MOEC_FP8_GEMM=wgmma) [120 s]
 #   parallel test_gpu_parallel: dp=2, ep=2, ep=2 x dp=2 vs one rank (host-staged; NCCL with 2+ GPUs) [300 s]
 #   cudnn    test_gpu_attention --cudnn: cuDNN's fused attention against the CPU, timed against
 #            flash (needs test_gpu_attention in the carry); on a failure again with MOEC_CUDNN_DEBUG=1 [150 s]
@@ -28,7 +29,9 @@
 #            copied, gradients unstacked), side by side (reuses the peer of genos or fp8prof) [250 s]
 #   ggemm    bench/grouped_gemm.sh: expert GEMMs bf16 / fp8 vs torch._grouped_mm [150 s]
 #   wgmma    test_gpu_wgmma (the device-driven FP8 grouped GEMM against the CPU), then the
-#            grouped-GEMM bench with each of its variants (needs both in the carry)  [330 s]
+#            grouped-GEMM bench with each of its variants, WGV="0 1" (needs both in the carry) [330 s]
+#   fp8wg    genos_1b mxfp8(block=128) fused: FP8 expert GEMMs on the wgmma kernel
+#            (MOEC_FP8_GEMM=wgmma), then on cuBLASLt (the default), side by side (+ peer) [330 s]
 #   long     genos_1b at seq 131,072, batch 1 (issue 6): moec mxfp8(block=128) fused and bf16,
 #            4 steps each, then the peer at the same length (expected to run out of memory) [300 s]
 # training
@@ -65,9 +68,10 @@ for part in "${parts[@]}"; do
     timeout 150 "$C/test_gpu_kernels" >"$L/kernels.log" 2>&1; echo "rc $?"
     grep -i "fail\|algorithm cache" "$L/kernels.log" | head -12; tail -1 "$L/kernels.log"
     timeout 60 "$C/test_gpu_nccl" 2>&1 | tail -3 ;;
-  step | steptiny)
-    only=; [ $part = steptiny ] && only=tiny
-    MOEC_GPU_STEP_ONLY=$only timeout $([ $part = step ] && echo 300 || echo 120) "$C/test_gpu_step" >"$L/$part.log" 2>&1
+  step | steptiny | steptinywg)
+    only=; [ $part != step ] && only=tiny
+    f8=${MOEC_FP8_GEMM:-}; [ $part = steptinywg ] && f8=wgmma
+    MOEC_FP8_GEMM=$f8 MOEC_GPU_STEP_ONLY=$only timeout $([ $part = step ] && echo 300 || echo 120) "$C/test_gpu_step" >"$L/$part.log" 2>&1
     echo "rc $?"
     grep "worst loss\|fail\|between steps" "$L/$part.log" | head -16 ;;
   parallel)
@@ -116,6 +120,11 @@ for part in "${parts[@]}"; do
     peer_from "$L/genos" "$L/fp8prof"
     bench LOGDIR=$L/fp8prof PEER_SKIP=1 PRECISION='mxfp8(block=128)' MOEC_ARGS=$FUSED_MX MOEC_PROFILE=kernels timeout 150 bash bench/run_bench.sh genos_1b
     grep -A110 "GPU profile" "$L/fp8prof/moec_genos_1b.out" | grep -v "^  %" | head -80 ;;
+  fp8wg)
+    peer_from "$L/genos" "$L/fp8wg"; peer_from "$L/fp8prof" "$L/fp8wg"
+    bench LOGDIR=$L/fp8wg PEER_SKIP=1 PRECISION='mxfp8(block=128)' MOEC_ARGS=$FUSED_MX MOEC_FP8_GEMM=wgmma timeout 200 bash bench/run_bench.sh genos_1b
+    peer_from "$L/fp8wg" "$L/fp8cub"
+    bench LOGDIR=$L/fp8cub PEER_SKIP=1 PRECISION='mxfp8(block=128)' MOEC_ARGS=$FUSED_MX timeout 120 bash bench/run_bench.sh genos_1b ;;
   stack)
     for d in stack stack_off; do peer_from "$L/genos" "$L/$d"; peer_from "$L/fp8prof" "$L/$d"; done
     bench LOGDIR=$L/stack PEER_SKIP=1 PRECISION='mxfp8(block=128)' MOEC_ARGS=$FUSED_MX timeout 120 bash bench/run_bench.sh genos_1b
@@ -125,7 +134,7 @@ for part in "${parts[@]}"; do
   wgmma)
     timeout 90 "$C/test_gpu_wgmma" >"$L/wgmma.log" 2>&1; echo "rc $?"
     grep -v "^  [a-z]" "$L/wgmma.log" | head -40
-    for v in 0 1; do
+    for v in ${WGV:-0 1}; do
       echo "-- variant $v"
       MOEC_WGMMA_VARIANT=$v BENCH=$C/bench_grouped_gemm timeout 120 bash bench/grouped_gemm.sh 20 "$L/ggemm$v"
     done ;;

@@ -526,7 +526,7 @@ static const char *const src =
     "// of P_e / 128 (spare blocks return). GROUP is 128. x may be a column window as in qcols_tile.\n"
     "template <class T>\n"
     "__device__ void mxfp8_quantize_cols_experts(const T *x, u8 *qt, float *sf, i64 C, const int *counts, i64 E, i64 units,\n"
-    "                                            i64 ldx, i64 sx, int rb) {\n"
+    "                                            i64 ldx, i64 sx, int rb, i64 ldq) {\n"
     "  const i64 ntc = (C + QC_COLS - 1) / QC_COLS, c0 = blockIdx.x % ntc * QC_COLS;\n"
     "  i64 start = 0, m = -1, uu = 0, poff = 0;\n"
     "  expert_unit(counts, E, blockIdx.x / ntc, start, m, uu, poff);\n"
@@ -542,7 +542,8 @@ static const char *const src =
     "  for (int h = 0; h < 2; h++) {\n"
     "    const i64 c = ca + h;\n"
     "    if (c >= C) continue;\n"
-    "    qcols_store(qt + C * poff + c * P + uu * 128 + lane % 8 * QC_RPT, w[h], QC_RPT);\n"
+    "    // ldq 0: (C, P) blocks one after another; else columns poff.. of one (C, ldq) matrix\n"
+    "    qcols_store(qt + (ldq ? poff + c * ldq : C * poff + c * P) + uu * 128 + lane % 8 * QC_RPT, w[h], QC_RPT);\n"
     "    if (lane % 8 == 0) sf[C * poff / 128 + uu * C + c] = scale_f32(code[h][0]);\n"
     "  }\n"
     "}\n"
@@ -590,7 +591,7 @@ void cg_emit_mxfp8(cg_buf *b, const cg_variant *v, int emu) {
     cg_entry(b, CG_NT_MX, "moec_mxfp8_quantize_cols_${x}", "const ${X} *x, u8 *qt, u8 *scale_t, i64 rows, i64 cols",
              "mxfp8_quantize_cols<${X}>", kv, emu);
     cg_entry(b, CG_NT_MX, "moec_mxfp8_quantize_cols_experts_${x}",
-             "const ${X} *x, u8 *qt, float *sf, i64 C, const int *counts, i64 E, i64 units, i64 ldx, i64 sx, int rb",
+             "const ${X} *x, u8 *qt, float *sf, i64 C, const int *counts, i64 E, i64 units, i64 ldx, i64 sx, int rb, i64 ldq",
              "mxfp8_quantize_cols_experts<${X}>", kv, emu);
     cg_entry(b, CG_NT_MX, "moec_mxfp8_dequantize_${x}", "const u8 *q, const u8 *scale, ${X} *x, i64 n",
              "mxfp8_dequantize<${X}>", kv, emu);

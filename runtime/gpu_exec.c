@@ -20,6 +20,7 @@
 #include "gpu_kernels.h"
 #include "gpu_profile.h"
 #include "gpu_views.h"
+#include "gpu_wgmma.h"
 
 /* ---------------------------------------------------------------- the runtime */
 typedef struct {
@@ -47,6 +48,8 @@ struct gpu_runtime {
   rt_cuda *k;
   gpu_blas *blas;
   gpu_attention *attn;
+  gpu_wgmma *wgmma; /* the device-driven FP8 grouped GEMM, built at the first FP8 graph (sm_90a) */
+  int wgmma_tried;
   rt_params *ps;
   dev_param *dp; /* (ps->n) */
   dev_stack *stacks;
@@ -132,6 +135,7 @@ void gpu_runtime_free(gpu_runtime *rt) {
   free(rt->stacks);
   gpu_pool_free(rt->pool);
   gpu_attention_free(rt->attn);
+  gpu_wgmma_free(rt->wgmma);
   gpu_blas_free(rt->blas);
   rt_cuda_free(rt->k);
   if (rt->g) gpu_close(rt->g);
@@ -214,6 +218,7 @@ struct gpu_exec {
   int aw_from, aw_until;  /* this step's AdamW run (aw_from, aw_until] was done by the launch at aw_from */
   int32_t **hcounts;      /* (n_nodes) host copies of expert-count values, downloaded once per step */
   gpu_fp8_plan fp8;       /* which expert GEMMs run in FP8 (MOEC_FP8_GEMM=0: none) */
+  gpu_wgmma *wgmma;       /* their kernel: device-driven wgmma (MOEC_FP8_GEMM=wgmma), or NULL: cuBLASLt per expert */
   uint8_t *view;          /* (n_nodes) gpu_view: a value read through its input (gpu_views.h) */
   gpu_comm *comm;         /* data/expert parallelism: this rank's collectives (gpu_exec_set_comm) */
   int32_t **ep_all;       /* (n_nodes) the EP group's counts (P x E, host) of a counts value, once per step */
@@ -1129,10 +1134,12 @@ static int fp8_pack(gx *x, int id) {
     if (packed_bufs(x, id, (size_t)((S + 16) * K), (size_t)(S * K / block))) return -1; /* 16 rows of slack (gpu_fp8.h) */
     return ck(x, id, rt_cuda_mxfp8_quantize_win(KX, t, src, ldx, sx, rb, S, K, block, 1, v->q8, v->s8));
   }
-  if (kind == FP8_COLS) { /* (S, C) by expert: transposed, padded expert blocks with f32 scales */
-    int64_t S = a->rows, C = COLS(id), E = DIMOF(id, 1, 0);
+  if (kind == FP8_COLS) { /* (S, C) by expert: transposed, padded expert blocks with f32 scales; for
+                              the wgmma kernel one (C, fp8_cols_ld) matrix (gpu_wgmma.h) */
+    int64_t S = a->rows, C = COLS(id), E = DIMOF(id, 1, 0), ldq = x->wgmma ? fp8_cols_ld(S, E) : 0;
     if (packed_bufs(x, id, (size_t)(C * (S + 128 * E)), (size_t)(C * (S / 128 + E)) * 4)) return -1;
-    return ck(x, id, rt_cuda_mxfp8_quantize_cols_experts_win(KX, t, src, ldx, sx, rb, S, C, V(id, 1)->p, E, v->q8, v->s8));
+    return ck(x, id, rt_cuda_mxfp8_quantize_cols_experts_win(KX, t, src, ldx, sx, rb, S, C, V(id, 1)->p, E, ldq, v->q8,
+                                                             v->s8));
   }
   /* weights (E, A, B): W_IN along A -> (E, B, A) transposed; W_OUT along B -> as is. Then the
    * f32 scales, one segment of N rows per expert. */
@@ -1167,18 +1174,34 @@ static int fp8_fail(gx *x, int id, const char *e) {
   return fail(x, id, "%s (MOEC_FP8_GEMM=0 runs the expert GEMMs in bf16 on the same MXFP8 values)", e);
 }
 
+/* The FP8 expert GEMMs run on the device-driven wgmma kernel (gpu_wgmma.h: one launch, the
+ * counts value vc read on the device, no host sync) where the executor has it, else on
+ * cuBLASLt, one call per expert, from the counts' host copy. */
+static int fp8_gemm_rows(gx *x, int id, int vc, int64_t E, int64_t S, int64_t N_, int64_t K, gpu_ptr qa, gpu_ptr sa,
+                    gpu_ptr qb, gpu_ptr sb, cg_dtype tc, gpu_ptr c, int64_t ldc) {
+  char e_[512];
+  int rc;
+  if (x->wgmma) {
+    rc = gpu_wgmma_fp8_rows(x->wgmma, x->val[vc].p, E, S, N_, K, qa, sa, qb, sb, tc, c, ldc, e_, sizeof e_);
+  } else {
+    const int32_t *cnt = host_counts(x, id, vc, S);
+    if (!cnt) return -1;
+    rc = gpu_fp8_grouped_gemm(x->rt->blas, cnt, E, N_, K, qa, sa, qb, sb, tc, c, ldc, e_, sizeof e_);
+  }
+  return rc ? fp8_fail(x, id, e_) : 0;
+}
+
 /* out rows of expert e (N columns, stride ldc) = rows operand at input ka (K columns) . weights
- * operand at input kw, both in FP8. */
-static int fp8_site_gemm(gx *x, int id, int ka, int kw, int64_t E, const int32_t *cnt, gpu_ptr counts, int64_t N_,
-                         int64_t K, cg_dtype tc, gpu_ptr c, int64_t ldc) {
+ * operand at input kw, both in FP8; vc the counts value, S the rows. */
+static int fp8_site_gemm(gx *x, int id, int ka, int kw, int64_t E, int vc, int64_t S, int64_t N_, int64_t K,
+                         cg_dtype tc, gpu_ptr c, int64_t ldc) {
   gpu_ptr sf = 0;
   size_t sf_bytes = 0;
-  char e_[512];
-  if (fp8_row_scales(x, id, QOF(id, ka), E, counts, &sf, &sf_bytes)) return -1;
+  if (fp8_row_scales(x, id, QOF(id, ka), E, x->val[vc].p, &sf, &sf_bytes)) return -1;
   const dev_value *qa = &x->val[QOF(id, ka)], *qw = &x->val[QOF(id, kw)];
-  int rc = gpu_fp8_grouped_gemm(x->rt->blas, cnt, E, N_, K, qa->q8, sf, qw->q8, qw->s8, tc, c, ldc, e_, sizeof e_);
+  int rc = fp8_gemm_rows(x, id, vc, E, S, N_, K, qa->q8, sf, qw->q8, qw->s8, tc, c, ldc);
   pool_put(x->rt, sf);
-  return rc ? fp8_fail(x, id, e_) : 0;
+  return rc;
 }
 
 static int exec_GROUPED_LINEAR(gx *x, int id) {
@@ -1186,10 +1209,8 @@ static int exec_GROUPED_LINEAR(gx *x, int id) {
   if (N(id)->n_in > 3) return fail(x, id, "a grouped linear with a bias is not on the GPU yet");
   int64_t E = DIMOF(id, 1, 0), in = DIMOF(id, 1, 1), out = DIMOF(id, 1, 2);
   if (alloc_out_slack(x, id, a->rows, 0, x->fp8.site[id] ? 16 : 0)) return -1;
-  if (x->fp8.site[id]) { /* w (E, in, out) packed as (E, out, in) */
-    const int32_t *cnt = host_counts(x, id, N(id)->in[2], a->rows);
-    return cnt ? fp8_site_gemm(x, id, 0, 1, E, cnt, V(id, 2)->p, out, in, DT(x, id), x->val[id].p, out) : -1;
-  }
+  if (x->fp8.site[id]) /* w (E, in, out) packed as (E, out, in) */
+    return fp8_site_gemm(x, id, 0, 1, E, N(id)->in[2], a->rows, out, in, DT(x, id), x->val[id].p, out);
   if (grouped_blas(x, DT(x, N(id)->in[0]), DT(x, N(id)->in[1]))) {
     const int32_t *cnt = host_counts(x, id, N(id)->in[2], a->rows);
     return cnt ? ggemm_blas(x, id, cnt, E, DT(x, N(id)->in[0]), a->p, in, DT(x, N(id)->in[1]), V(id, 1)->p, 0, DT(x, id),
@@ -1204,10 +1225,8 @@ static int exec_GROUPED_LINEAR_DGRAD(gx *x, int id) {
   const dev_value *dy = V(id, 0);
   int64_t E = DIMOF(id, 1, 0), in = DIMOF(id, 1, 1), out = DIMOF(id, 1, 2);
   if (alloc_out_slack(x, id, dy->rows, 0, x->fp8.site[id] ? 16 : 0)) return -1;
-  if (x->fp8.site[id]) { /* dx (S, in) = dy (S, out) . w[e]^T, w (E, in, out) along out, as is */
-    const int32_t *cnt = host_counts(x, id, N(id)->in[2], dy->rows);
-    return cnt ? fp8_site_gemm(x, id, 0, 1, E, cnt, V(id, 2)->p, in, out, DT(x, id), x->val[id].p, in) : -1;
-  }
+  if (x->fp8.site[id]) /* dx (S, in) = dy (S, out) . w[e]^T, w (E, in, out) along out, as is */
+    return fp8_site_gemm(x, id, 0, 1, E, N(id)->in[2], dy->rows, in, out, DT(x, id), x->val[id].p, in);
   if (grouped_blas(x, DT(x, N(id)->in[0]), DT(x, N(id)->in[1]))) {
     const int32_t *cnt = host_counts(x, id, N(id)->in[2], dy->rows);
     return cnt ? ggemm_blas(x, id, cnt, E, DT(x, N(id)->in[0]), dy->p, out, DT(x, N(id)->in[1]), V(id, 1)->p, 1, DT(x, id),
@@ -1223,14 +1242,19 @@ static int exec_GROUPED_LINEAR_WGRAD(gx *x, int id) {
   const ir_type *t = &N(id)->type;
   if (alloc_out(x, id, t->dims[0], 0)) return -1;
   if (x->fp8.site[id]) { /* dw[e] (in, out) = xs_e^T . dy_e over the expert's padded rows */
-    const int32_t *cnt = host_counts(x, id, N(id)->in[2], a->rows);
-    if (!cnt) return -1;
     const dev_value *qx = &x->val[QOF(id, 0)], *qd = &x->val[QOF(id, 1)];
     char e_[512];
-    return gpu_fp8_grouped_wgrad(x->rt->blas, x->rt->g, cnt, t->dims[0], t->dims[1], t->dims[2], qx->q8, qx->s8, qd->q8,
-                                 qd->s8, DT(x, id), x->val[id].p, e_, sizeof e_)
-               ? fp8_fail(x, id, e_)
-               : 0;
+    int rc;
+    if (x->wgmma) {
+      rc = gpu_wgmma_fp8_wgrad(x->wgmma, V(id, 2)->p, t->dims[0], t->dims[1], t->dims[2], fp8_cols_ld(a->rows, t->dims[0]),
+                               qx->q8, qx->s8, qd->q8, qd->s8, DT(x, id), x->val[id].p, e_, sizeof e_);
+    } else {
+      const int32_t *cnt = host_counts(x, id, N(id)->in[2], a->rows);
+      if (!cnt) return -1;
+      rc = gpu_fp8_grouped_wgrad(x->rt->blas, x->rt->g, cnt, t->dims[0], t->dims[1], t->dims[2], qx->q8, qx->s8, qd->q8,
+                                 qd->s8, DT(x, id), x->val[id].p, e_, sizeof e_);
+    }
+    return rc ? fp8_fail(x, id, e_) : 0;
   }
   if (grouped_blas(x, DT(x, N(id)->in[0]), DT(x, N(id)->in[1]))) {
     /* dw[e] (in, out) = xs_e^T . dy_e, K = the expert's rows; zero for an expert without rows */
@@ -1275,8 +1299,6 @@ static int exec_GROUPED_MLP(gx *x, int id) {
   int64_t mx_block = ir_get_int(N(id), "mx_block", 0);
   if (x->fp8.site[id]) {
     /* gate_up = xs . w_gu[e] and y = act . w_down[e] in FP8, act quantized here (128-shared) */
-    const int32_t *cnt = host_counts(x, id, N(id)->in[3], a->rows);
-    if (!cnt) return -1;
     int64_t S = a->rows, W = H + 2 * F;
     gpu_ptr counts = V(id, 3)->p, gu = x->val[id].p + (gpu_ptr)((size_t)H * dsize(N(id)->type.dtype)), act = 0, qa = 0, ca = 0,
             sfa = 0;
@@ -1286,14 +1308,12 @@ static int exec_GROUPED_MLP(gx *x, int id) {
                      pool_buf(x, id, sfa_bytes, &sfa)
                  ? -1
                  : 0;
-    char e_[512];
-    if (rc == 0) rc = fp8_site_gemm(x, id, 0, 1, E, cnt, counts, 2 * F, H, to, gu, W);
+    if (rc == 0) rc = fp8_site_gemm(x, id, 0, 1, E, N(id)->in[3], S, 2 * F, H, to, gu, W);
     if (rc == 0) rc = ck(x, id, rt_cuda_mlp_act(KX, to, gu, W, V(id, 4)->p, act, S, F));
     if (rc == 0) rc = ck(x, id, rt_cuda_mxfp8_quantize(KX, to, act, S, F, mx_block, 1, qa, ca));
     if (rc == 0) rc = ck(x, id, rt_cuda_mxfp8_scales_vec128(KX, ca, S, F, mx_block, counts, E, 0, sfa));
     const dev_value *qd = &x->val[QOF(id, 2)];
-    if (rc == 0 && gpu_fp8_grouped_gemm(x->rt->blas, cnt, E, H, F, qa, sfa, qd->q8, qd->s8, to, x->val[id].p, W, e_, sizeof e_))
-      rc = fp8_fail(x, id, e_);
+    if (rc == 0) rc = fp8_gemm_rows(x, id, N(id)->in[3], E, S, H, F, qa, sfa, qd->q8, qd->s8, to, x->val[id].p, W);
     if (act) pool_put(x->rt, act); /* those obtained; stream order keeps them for the queued work */
     if (qa) pool_put(x->rt, qa);
     if (ca) pool_put(x->rt, ca);
@@ -1350,12 +1370,12 @@ static int exec_GROUPED_MLP_BWD(gx *x, int id) {
   if (x->fp8.site[id] || grouped_blas(x, tdy, tw)) {
     /* dact (S, F) f32 = dy . w_down[e]^T (FP8: w_down (E, F, H) along H, as is), then the
        rows: dg | du | act | dp */
-    const int32_t *cnt = host_counts(x, id, N(id)->in[3], dy->rows);
-    if (!cnt) return -1;
+    const int32_t *cnt = x->fp8.site[id] ? NULL : host_counts(x, id, N(id)->in[3], dy->rows);
+    if (!x->fp8.site[id] && !cnt) return -1;
     size_t dact_bytes = (size_t)((S + (x->fp8.site[id] ? 16 : 0)) * F > 0 ? (S + (x->fp8.site[id] ? 16 : 0)) * F : 1) * 4;
     gpu_ptr dact = 0;
     if (pool_get(x->rt, dact_bytes, &dact) != 0) return fail(x, id, "%s", gpu_error(x->rt->g));
-    int rc = x->fp8.site[id] ? fp8_site_gemm(x, id, 0, 2, E, cnt, V(id, 3)->p, F, H, CG_DT_F32, dact, F)
+    int rc = x->fp8.site[id] ? fp8_site_gemm(x, id, 0, 2, E, N(id)->in[3], S, F, H, CG_DT_F32, dact, F)
                              : ggemm_blas(x, id, cnt, E, tdy, dy->p, H, tw, V(id, 2)->p, 1, CG_DT_F32, dact, F, F, H);
     const gpu_ptr out = x->val[id].p;
     if (rc == 0 && split)
@@ -1548,6 +1568,18 @@ gpu_exec *gpu_exec_new(gpu_runtime *rt, const ir_graph *g, char *err, size_t err
     snprintf(err, errlen, "out of host memory");
     gpu_exec_free(x);
     return NULL;
+  }
+  int any_site = 0;
+  for (int id = 0; id < g->n_nodes && fp8_on; id++) any_site |= x->fp8.site[id];
+  if (any_site && f8 && strcmp(f8, "wgmma") == 0) { /* opt-in until it beats cuBLASLt end to end */
+    if (!rt->wgmma_tried) { /* built once a runtime; where it cannot be, cuBLASLt runs them */
+      char e2[1024];
+      rt->wgmma_tried = 1;
+      rt->wgmma = gpu_wgmma_new(rt->g, rt_cuda_arch(rt->k), NULL, e2, sizeof e2);
+      if (!rt->wgmma && e2[0])
+        fprintf(stderr, "moec: warning: the wgmma FP8 grouped GEMM is unavailable (%s); the FP8 expert GEMMs run on cuBLASLt\n", e2);
+    }
+    x->wgmma = rt->wgmma;
   }
   x->hcounts = calloc(n, sizeof *x->hcounts);
   x->ep_all = calloc(n, sizeof *x->ep_all);

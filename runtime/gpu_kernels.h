@@ -271,9 +271,14 @@ int rt_cuda_mxfp8_scales_vec128(rt_cuda *k, gpu_ptr scale, int64_t rows, int64_t
  * 128-shared MXFP8 blocks restarting at each expert (ck_mxfp8_qdq with counts). */
 int rt_cuda_mxfp8_quantize_cols_experts(rt_cuda *k, cg_dtype t, gpu_ptr x, int64_t S, int64_t C, gpu_ptr counts, int64_t E,
                                         gpu_ptr qt, gpu_ptr sf);
-/* The same of x's columns [sx, sx + C), x (S, ldx), rounded to bf16 first when round_bf16. */
+/* The same of x's columns [sx, sx + C), x (S, ldx), rounded to bf16 first when round_bf16;
+ * ldq > 0 lays qt out as one (C, ldq) matrix instead, expert e's block at columns Poff_e..
+ * (ldq >= fp8_cols_ld(S, E); the layout gpu_wgmma's TMA reads, one tensor map for all). */
 int rt_cuda_mxfp8_quantize_cols_experts_win(rt_cuda *k, cg_dtype t, gpu_ptr x, int64_t ldx, int64_t sx, int round_bf16,
-                                            int64_t S, int64_t C, gpu_ptr counts, int64_t E, gpu_ptr qt, gpu_ptr sf);
+                                            int64_t S, int64_t C, gpu_ptr counts, int64_t E, int64_t ldq, gpu_ptr qt,
+                                            gpu_ptr sf);
+/* Columns the padded expert blocks of S rows in E experts can take: sum of 128 ceil(m_e/128). */
+static inline int64_t fp8_cols_ld(int64_t S, int64_t E) { return (S + 127 * E + 127) / 128 * 128; }
 /* ck_mxfp8_qdq: y (dims, in ty; may be x) = the exact values of x quantized to MXFP8 along
  * `axis` of dims (rank 1..4), blocks restarting at each expert's first row when counts (i32
  * (E) on the device, axis 0 only) is not 0. */

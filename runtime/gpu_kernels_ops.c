@@ -648,14 +648,18 @@ int rt_cuda_mxfp8_scales_vec128(rt_cuda *k, gpu_ptr scale, int64_t rows, int64_t
 
 int rt_cuda_mxfp8_quantize_cols_experts(rt_cuda *k, cg_dtype t, gpu_ptr x, int64_t S, int64_t C, gpu_ptr counts, int64_t E,
                                         gpu_ptr qt, gpu_ptr sf) {
-  return rt_cuda_mxfp8_quantize_cols_experts_win(k, t, x, C, 0, 0, S, C, counts, E, qt, sf);
+  return rt_cuda_mxfp8_quantize_cols_experts_win(k, t, x, C, 0, 0, S, C, counts, E, 0, qt, sf);
 }
 
 int rt_cuda_mxfp8_quantize_cols_experts_win(rt_cuda *k, cg_dtype t, gpu_ptr x, int64_t ldx, int64_t sx, int round_bf16,
-                                            int64_t S, int64_t C, gpu_ptr counts, int64_t E, gpu_ptr qt, gpu_ptr sf) {
+                                            int64_t S, int64_t C, gpu_ptr counts, int64_t E, int64_t ldq, gpu_ptr qt,
+                                            gpu_ptr sf) {
   if (sx < 0 || sx + C > ldx)
     return rtk_fail(k, "mxfp8_quantize_cols_experts: columns [%lld, %lld) of %lld (%s)", (long long)sx, (long long)(sx + C),
                     (long long)ldx, ck_strerror(CK_ESHAPE));
+  if (ldq && (ldq < fp8_cols_ld(S, E) || ldq % 16))
+    return rtk_fail(k, "mxfp8_quantize_cols_experts: ldq %lld, want a multiple of 16 of at least %lld (%s)", (long long)ldq,
+                    (long long)fp8_cols_ld(S, E), ck_strerror(CK_ESHAPE));
   const cg_variant v = {32, 1};
   int rb = round_bf16 != 0;
   int64_t units = S / 128 + E;
@@ -663,5 +667,5 @@ int rt_cuda_mxfp8_quantize_cols_experts_win(rt_cuda *k, cg_dtype t, gpu_ptr x, i
   KN("mxfp8_quantize_cols_experts", 1, t);
   int64_t blocks = (C + 63) / 64 * units; /* one block a tile of 128 rows by 64 columns (cg_mxfp8.c, QC_COLS) */
   return rtk_launch(k, CG_FAM_MXFP8, &v, name, (uint64_t)blocks, 1, CG_NT_MX,
-                    ARGS(&x, &qt, &sf, &C, &counts, &E, &units, &ldx, &sx, &rb));
+                    ARGS(&x, &qt, &sf, &C, &counts, &E, &units, &ldx, &sx, &rb, &ldq));
 }

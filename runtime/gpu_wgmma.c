@@ -38,11 +38,13 @@ static const char body[] =
     "typedef long long i64;\n"
     "\n"
     "// One launch's problem. mode 0 (rows): group e has counts[e] rows of A and C, K fixed;\n"
-    "// mode 1 (wgrad): group e has M rows, K = its counts padded to 128 (gpu_wgmma.h).\n"
+    "// mode 1 (wgrad): group e has M rows, K = its counts padded to 128 (gpu_wgmma.h); its A and B\n"
+    "// are (M, K) and (N, K) blocks one after another (ld 0), or columns Poff_e.. of one (M, ld)\n"
+    "// and one (N, ld) matrix.\n"
     "struct wg_args {\n"
     "  const u8 *a; const float *sa; const u8 *b; const float *sb; void *c;\n"
     "  const int *counts;\n"
-    "  i64 K, M, N, ldc;\n"
+    "  i64 K, M, N, ldc, ld;\n"
     "  int E, mode, c_f32;\n"
     "};\n"
     "struct __align__(64) tmap_t { u64 v[16]; }; // a CUtensorMap\n"
@@ -134,7 +136,8 @@ static const char body[] =
     "// Tile t's group and its operands.\n"
     "struct wg_group {\n"
     "  const u8 *a, *b; const float *sa, *sb;\n"
-    "  i64 m, k, sa_ld, sb_ld, c_off, a_row0, m0, n0;\n"
+    "  i64 m, k, lda, sa_ld, sb_ld, c_off, m0, n0;\n"
+    "  int ax, ay, bx, by; // the tile's TMA coordinates at chunk 0: A (K byte, row), B (K byte, row)\n"
     "  int e;\n"
     "};\n"
     "__device__ __forceinline__ wg_group wg_resolve(const wg_args &p, const wg_table &tb, int t, int BM, int BN, int tiles_n) {\n"
@@ -145,15 +148,22 @@ static const char body[] =
     "  g.e = e, g.m0 = (i64)(local / tiles_n) * BM, g.n0 = (i64)(local % tiles_n) * BN;\n"
     "  if (p.mode == 0) {\n"
     "    const i64 wsb = ((p.N + 15) / 16 * 16 * (p.K / 128) + 3) / 4 * 4; // a weight's scale floats\n"
-    "    g.m = tb.cnt[e], g.k = p.K, g.a_row0 = tb.pa[e];\n"
+    "    g.m = tb.cnt[e], g.k = p.K, g.lda = p.K;\n"
     "    g.a = p.a + tb.pa[e] * p.K, g.sa = p.sa + tb.ps[e], g.sa_ld = (g.m + 15) / 16 * 16;\n"
     "    g.b = p.b + (i64)e * p.N * p.K, g.sb = p.sb + (i64)e * wsb, g.sb_ld = (p.N + 15) / 16 * 16;\n"
     "    g.c_off = tb.pa[e] * p.ldc;\n"
+    "    g.ax = 0, g.ay = (int)(tb.pa[e] + g.m0), g.bx = 0, g.by = (int)(e * p.N + g.n0);\n"
     "  } else {\n"
-    "    g.m = p.M, g.k = (tb.cnt[e] + 127) / 128 * 128, g.a_row0 = 0;\n"
-    "    g.a = p.a + p.M * tb.pa[e], g.sa = p.sa + p.M * (tb.pa[e] / 128), g.sa_ld = p.M;\n"
-    "    g.b = p.b + p.N * tb.pa[e], g.sb = p.sb + p.N * (tb.pa[e] / 128), g.sb_ld = p.N;\n"
+    "    g.m = p.M, g.k = (tb.cnt[e] + 127) / 128 * 128;\n"
+    "    if (p.ld) { // columns Poff_e.. of (M, ld) and (N, ld)\n"
+    "      g.lda = p.ld, g.a = p.a + tb.pa[e], g.b = p.b + tb.pa[e];\n"
+    "    } else {\n"
+    "      g.lda = g.k, g.a = p.a + p.M * tb.pa[e], g.b = p.b + p.N * tb.pa[e];\n"
+    "    }\n"
+    "    g.sa = p.sa + p.M * (tb.pa[e] / 128), g.sa_ld = p.M;\n"
+    "    g.sb = p.sb + p.N * (tb.pa[e] / 128), g.sb_ld = p.N;\n"
     "    g.c_off = (i64)e * p.M * p.N;\n"
+    "    g.ax = (int)tb.pa[e], g.ay = (int)g.m0, g.bx = (int)tb.pa[e], g.by = (int)g.n0;\n"
     "  }\n"
     "  return g;\n"
     "}\n"
@@ -223,7 +233,7 @@ static const char body[] =
     "  const int wg = tid / 128, warp = (tid % 128) / 32, lane = tid % 32, r = wg * 64 + warp * 16 + lane / 4;\n"
     "  for (int t = blockIdx.x; t < tb.t0[p.E]; t += gridDim.x) {\n"
     "    const wg_group g = wg_resolve(p, tb, t, BM, BN, tiles_n);\n"
-    "    const i64 m0 = g.m0, n0 = g.n0, lda = g.k;\n"
+    "    const i64 m0 = g.m0, n0 = g.n0, lda = g.lda;\n"
     "    const int nk = (int)(g.k / 128);\n"
     "    // one stage: A (BM x 128 B) | B (BN x 128 B) | A scales (BM f32) | B scales (BN f32)\n"
     "    auto load = [&](int s, int kc) {\n"
@@ -271,7 +281,7 @@ static const char body[] =
     "  }\n"
     "}\n"
     "\n"
-    "// TMA version (rows mode): warps 0-7 are two math warpgroups (rows 0-63, 64-127 of a 128 x 128\n"
+    "// TMA version (rows mode, and wgrad on one (M, ld) matrix): warps 0-7 are two math warpgroups (rows 0-63, 64-127 of a 128 x 128\n"
     "// tile), each on its own schedule; warp 8 is the producer: one thread issues every stage's\n"
     "// TMA loads (A and B tiles, already swizzled) and bulk copies (the scales), ST stages deep.\n"
     "template <int ST>\n"
@@ -300,8 +310,8 @@ static const char body[] =
     "        u8 *st = smem + s * STAGE;\n"
     "        mbar_wait(smem_u32(&empty[s]), ph ^ 1);\n"
     "        mbar_expect_tx(smem_u32(&full[s]), A_BYTES + B_BYTES + sa_bytes + sb_bytes);\n"
-    "        tma_load_2d(smem_u32(st), &ta, kc * 128, (int)(g.a_row0 + g.m0), smem_u32(&full[s]));\n"
-    "        tma_load_2d(smem_u32(st + A_BYTES), &tbm, kc * 128, (int)(g.e * p.N + g.n0), smem_u32(&full[s]));\n"
+    "        tma_load_2d(smem_u32(st), &ta, g.ax + kc * 128, g.ay, smem_u32(&full[s]));\n"
+    "        tma_load_2d(smem_u32(st + A_BYTES), &tbm, g.bx + kc * 128, g.by, smem_u32(&full[s]));\n"
     "        bulk_load(smem_u32(st + A_BYTES + B_BYTES), g.sa + kc * g.sa_ld + g.m0, sa_bytes, smem_u32(&full[s]));\n"
     "        bulk_load(smem_u32(st + A_BYTES + B_BYTES + 512), g.sb + kc * g.sb_ld + g.n0, sb_bytes, smem_u32(&full[s]));\n"
     "        if (++s == ST) s = 0, ph ^= 1;\n"
@@ -400,7 +410,7 @@ struct gpu_wgmma {
 /* the kernel's parameter block, laid out as struct wg_args in the source */
 typedef struct {
   gpu_ptr a, sa, b, sb, c, counts;
-  int64_t K, M, N, ldc;
+  int64_t K, M, N, ldc, ld;
   int32_t E, mode, c_f32, pad_;
 } wg_args;
 
@@ -471,7 +481,7 @@ void gpu_wgmma_set_variant(gpu_wgmma *w, int v) {
 /* v's kernel over tiles_bound tiles at most: a persistent grid of the blocks that fit */
 static int launch(gpu_wgmma *w, int v, void **args, int64_t tiles_bound, int E, char *err, size_t errlen) {
   if (E < 1 || E > GPU_WGMMA_MAX_E) {
-    snprintf(err, errlen, "wgmma grouped GEMM: %d experts (1 to %d supported); MOEC_FP8_GEMM=cublas runs them on cuBLASLt",
+    snprintf(err, errlen, "wgmma grouped GEMM: %d experts (1 to %d supported); without MOEC_FP8_GEMM=wgmma they run on cuBLASLt",
              E, GPU_WGMMA_MAX_E);
     return -1;
   }
@@ -499,7 +509,7 @@ int gpu_wgmma_fp8_rows(gpu_wgmma *w, gpu_ptr counts, int64_t E, int64_t S, int64
       check_dims("ldc", ldc, 2, err, errlen))
     return -1;
   if (S == 0) return 0;
-  wg_args a = {qa, sa, qb, sb, c, counts, K, 0, N, ldc, (int32_t)E, 0, tc == CG_DT_F32, 0};
+  wg_args a = {qa, sa, qb, sb, c, counts, K, 0, N, ldc, 0, (int32_t)E, 0, tc == CG_DT_F32, 0};
   const int v = w->variant;
   const int64_t bm = 64 * variants[v].wg, tiles = (S / bm + E) * ((N + 127) / 128);
   if (!variants[v].tma) {
@@ -517,12 +527,24 @@ int gpu_wgmma_fp8_rows(gpu_wgmma *w, gpu_ptr counts, int64_t E, int64_t S, int64
   return launch(w, v, args, tiles, (int)E, err, errlen);
 }
 
-int gpu_wgmma_fp8_wgrad(gpu_wgmma *w, gpu_ptr counts, int64_t E, int64_t M, int64_t N, gpu_ptr qa, gpu_ptr sa,
-                        gpu_ptr qb, gpu_ptr sb, cg_dtype tc, gpu_ptr c, char *err, size_t errlen) {
-  if (check_dims("M", M, 16, err, errlen) || check_dims("N", N, 16, err, errlen)) return -1;
-  wg_args a = {qa, sa, qb, sb, c, counts, 0, M, N, N, (int32_t)E, 1, tc == CG_DT_F32, 0};
-  const int v = variants[w->variant].tma ? w->cp_variant : w->variant;
+int gpu_wgmma_fp8_wgrad(gpu_wgmma *w, gpu_ptr counts, int64_t E, int64_t M, int64_t N, int64_t ld, gpu_ptr qa,
+                        gpu_ptr sa, gpu_ptr qb, gpu_ptr sb, cg_dtype tc, gpu_ptr c, char *err, size_t errlen) {
+  if (check_dims("M", M, 16, err, errlen) || check_dims("N", N, 16, err, errlen) ||
+      (ld && check_dims("ld", ld, 128, err, errlen)))
+    return -1;
+  wg_args a = {qa, sa, qb, sb, c, counts, 0, M, N, N, ld, (int32_t)E, 1, tc == CG_DT_F32, 0};
+  const int v = variants[w->variant].tma && !ld ? w->cp_variant : w->variant;
   const int64_t bm = 64 * variants[v].wg, tiles = E * ((M + bm - 1) / bm) * ((N + 127) / 128);
-  void *args[] = {&a};
+  if (!variants[v].tma) {
+    void *args[] = {&a};
+    return launch(w, v, args, tiles, (int)E, err, errlen);
+  }
+  _Alignas(64) unsigned char ta[128], tb[128];
+  if (gpu_tensor_map_u8_2d(w->g, ta, qa, (uint64_t)M, (uint64_t)ld, 128, 128) != 0 ||
+      gpu_tensor_map_u8_2d(w->g, tb, qb, (uint64_t)N, (uint64_t)ld, 128, 128) != 0) {
+    snprintf(err, errlen, "wgmma grouped GEMM: %s", gpu_error(w->g));
+    return -1;
+  }
+  void *args[] = {ta, tb, &a};
   return launch(w, v, args, tiles, (int)E, err, errlen);
 }

@@ -10,9 +10,10 @@
  *               B (E, N, K), scales (K/128, fp8_rows(N)) a segment of fp8_scale_floats(...) per
  *               expert; C rows at the same offsets as A's, row stride ldc.
  *   wgrad mode  C_e (M, N) = A_e (M, P_e) . B_e (N, P_e)^T, P_e = 128 ceil(m_e / 128) (the
- *               expert's tokens, zero-padded), A_e at M Poff_e, scales (P_e/128, M) at
- *               M Poff_e / 128 (rt_cuda_mxfp8_quantize_cols_experts); C_e at e M N, dense;
- *               an expert without rows gets zeros.
+ *               expert's tokens, zero-padded), A_e at M Poff_e (or columns Poff_e.. of one
+ *               (M, ld) matrix), scales (P_e/128, M) at M Poff_e / 128
+ *               (rt_cuda_mxfp8_quantize_cols_experts); C_e at e M N, dense; an expert
+ *               without rows gets zeros.
  * Unlike cuBLASLt's path, C is written only for the expert's own rows (no 16-row slack).
  *
  * The kernel (gpu_wgmma.c): a persistent grid walks tiles of BM x BN outputs (BM = 64 per
@@ -54,8 +55,10 @@ int gpu_wgmma_n_variants(void);
 int gpu_wgmma_fp8_rows(gpu_wgmma *w, gpu_ptr counts, int64_t E, int64_t S, int64_t N, int64_t K, gpu_ptr qa,
                        gpu_ptr sa, gpu_ptr qb, gpu_ptr sb, cg_dtype tc, gpu_ptr c, int64_t ldc, char *err,
                        size_t errlen);
-/* wgrad mode; M and N multiples of 16. */
-int gpu_wgmma_fp8_wgrad(gpu_wgmma *w, gpu_ptr counts, int64_t E, int64_t M, int64_t N, gpu_ptr qa, gpu_ptr sa,
-                        gpu_ptr qb, gpu_ptr sb, cg_dtype tc, gpu_ptr c, char *err, size_t errlen);
+/* wgrad mode; M and N multiples of 16. ld 0: A_e and B_e are (M, P_e) and (N, P_e) blocks one
+ * after another (at M Poff_e and N Poff_e); ld > 0 (a multiple of 128, at least the sum of the
+ * P_e): columns Poff_e.. of one (M, ld) and one (N, ld) matrix, which the TMA variant reads. */
+int gpu_wgmma_fp8_wgrad(gpu_wgmma *w, gpu_ptr counts, int64_t E, int64_t M, int64_t N, int64_t ld, gpu_ptr qa,
+                        gpu_ptr sa, gpu_ptr qb, gpu_ptr sb, cg_dtype tc, gpu_ptr c, char *err, size_t errlen);
 
 #endif

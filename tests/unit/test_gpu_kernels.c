@@ -919,12 +919,35 @@ static void test_fp8_operands(cg_dtype t) {
     for (int64_t r = 0; r < S; r++) memcpy(win + r * C, xw + r * W + s0, (size_t)C * sizeof *win);
     ck_round_bf16(win, S * C);
     gpu_ptr dxw = up_f(xw, S * W, CG_DT_F32);
-    RUN(rt_cuda_mxfp8_quantize_cols_experts_win(K, CG_DT_F32, dxw, W, s0, 1, S, C, dc, E4, dq, dsf));
+    RUN(rt_cuda_mxfp8_quantize_cols_experts_win(K, CG_DT_F32, dxw, W, s0, 1, S, C, dc, E4, 0, dq, dsf));
     download(gq, dq, (size_t)(C * Ptot));
     download(gsf, dsf, (size_t)(C * Ptot / 128) * 4);
     bad = cols_experts_bad(win, S, C, counts, E4, gq, gsf);
     CHECK(bad == 0, "quantize_cols_experts of a window, rounded to bf16, differs (%lld bad blocks)", (long long)bad);
     free(xw), free(win);
+  }
+  { /* the same blocks as columns of one (C, ldq) matrix: byte for byte the blocks above */
+    const int64_t ldq = fp8_cols_ld(S, E4) + 32;
+    gpu_ptr dq1 = dmalloc((size_t)(C * ldq)), dsf1 = dmalloc((size_t)(C * Ptot / 128) * 4);
+    RUN(rt_cuda_mxfp8_quantize_cols_experts(K, t, dx, S, C, dc, E4, dq, dsf));
+    RUN(rt_cuda_mxfp8_quantize_cols_experts_win(K, t, dx, C, 0, 0, S, C, dc, E4, ldq, dq1, dsf1));
+    uint8_t *g1 = malloc((size_t)(C * ldq));
+    float *s1 = falloc(C * Ptot / 128);
+    download(gq, dq, (size_t)(C * Ptot));
+    download(gsf, dsf, (size_t)(C * Ptot / 128) * 4);
+    download(g1, dq1, (size_t)(C * ldq));
+    download(s1, dsf1, (size_t)(C * Ptot / 128) * 4);
+    int64_t diff = 0, poff = 0;
+    for (int e = 0; e < E4; e++) {
+      const int64_t P = (counts[e] + 127) / 128 * 128;
+      for (int64_t c = 0; c < C; c++) diff += memcmp(gq + C * poff + c * P, g1 + poff + c * ldq, (size_t)P) != 0;
+      poff += P;
+    }
+    CHECK(diff == 0 && memcmp(gsf, s1, (size_t)(C * Ptot / 128) * 4) == 0,
+          "quantize_cols_experts into one (C, ldq) matrix differs from its blocks (%lld rows)", (long long)diff);
+    CHECK(rt_cuda_mxfp8_quantize_cols_experts_win(K, t, dx, C, 0, 0, S, C, dc, E4, 128, dq1, dsf1) != 0,
+          "quantize_cols_experts accepted ldq 128 for %lld rows in %lld experts", (long long)S, (long long)E4);
+    free(g1), free(s1);
   }
   printf("  %-44s %6lld values, bit-exact (elements and f32 scales)\n", "expert columns, transposed and padded", (long long)(S * C));
   /* per-expert scale layouts of a row quantization */
@@ -1001,7 +1024,7 @@ static void test_mxfp8_shapes(cg_dtype t) {
     if (t == CG_DT_F32) { /* through a cast to bf16 never written */
       ck_round_bf16(win, S * C);
       gpu_ptr dxw = up_f(xw, S * W, CG_DT_F32);
-      RUN(rt_cuda_mxfp8_quantize_cols_experts_win(K, CG_DT_F32, dxw, W, s0, 1, S, C, dc, E, dq, dsf));
+      RUN(rt_cuda_mxfp8_quantize_cols_experts_win(K, CG_DT_F32, dxw, W, s0, 1, S, C, dc, E, 0, dq, dsf));
     } else { /* x itself, bf16 */
       ck_round_bf16(win, S * C);
       gpu_ptr dx = up_f(win, S * C, CG_DT_BF16);

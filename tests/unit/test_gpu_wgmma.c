@@ -2,7 +2,8 @@
  * reference in double, on fresh random E4M3 operands and random power-of-two scales, every
  * variant, both output types: the rows mode (uneven experts: 37, 0, 200, 129, 64 rows; K of
  * three 128-chunks; N = 144, a partial column tile) and the wgrad mode (tokens 300, 0, 128, 77,
- * padded to 128; M = 144, N = 272). Scale slots the kernel must not use (row padding) hold NaN,
+ * padded to 128; M = 144, N = 272; the experts' blocks one after another, and columns of one
+ * matrix). Scale slots the kernel must not use (row padding) hold NaN,
  * and C is prefilled with NaN: every output element must be written (an expert without tokens
  * gets zeros in wgrad) and nothing past the experts' rows. The cuBLASLt path
  * (gpu_fp8_grouped_gemm) runs on the same operands for comparison.
@@ -122,34 +123,41 @@ static void test_rows(int variant, cg_dtype tc) {
   dfree_all();
 }
 
-static void test_wgrad(int variant, cg_dtype tc) {
+/* one_matrix 0: A_e, B_e are (M, P_e), (N, P_e) blocks one after another; 1: columns Poff_e..
+ * of one (M, ld) and one (N, ld) matrix, ld a tile past the sum of P_e */
+static void test_wgrad(int variant, cg_dtype tc, int one_matrix) {
   enum { E = 4 };
   const int32_t counts[E] = {300, 0, 128, 77};
   const int64_t M = 144, N = 272;
-  printf("wgmma fp8 wgrad mode, variant %d, C %s: experts of 300, 0, 128, 77 tokens, M %lld, N %lld\n", variant,
-         cg_dtype_name(tc), (long long)M, (long long)N);
   int64_t P[E], Ptot = 0;
   for (int e = 0; e < E; e++) Ptot += P[e] = (counts[e] + 127) / 128 * 128;
-  uint8_t *a = malloc((size_t)(M * Ptot)), *b = malloc((size_t)(N * Ptot));
-  for (int64_t i = 0; i < M * Ptot; i++) a[i] = rnd_e4m3();
-  for (int64_t i = 0; i < N * Ptot; i++) b[i] = rnd_e4m3();
+  const int64_t ld = one_matrix ? Ptot + 128 : 0, cols = one_matrix ? ld : Ptot;
+  printf("wgmma fp8 wgrad mode, variant %d, C %s: experts of 300, 0, 128, 77 tokens, M %lld, N %lld, %s\n", variant,
+         cg_dtype_name(tc), (long long)M, (long long)N, one_matrix ? "one matrix" : "blocks");
+  uint8_t *a = malloc((size_t)(M * cols)), *b = malloc((size_t)(N * cols));
+  for (int64_t i = 0; i < M * cols; i++) a[i] = rnd_e4m3();
+  for (int64_t i = 0; i < N * cols; i++) b[i] = rnd_e4m3();
   float *sa = malloc((size_t)(M * Ptot / 128) * 4 + 4), *sb = malloc((size_t)(N * Ptot / 128) * 4 + 4);
   for (int64_t i = 0; i < M * Ptot / 128; i++) sa[i] = rnd_scale();
   for (int64_t i = 0; i < N * Ptot / 128; i++) sb[i] = rnd_scale();
   double *want = dalloc(E * M * N), *bound = dalloc(E * M * N);
   int64_t po = 0;
   for (int e = 0; e < E; e++) {
-    ref_gemm(a + M * po, P[e], sa + M * po / 128, M, b + N * po, P[e], sb + N * po / 128, N, M, N, P[e],
-             want + e * M * N, bound + e * M * N, N);
+    if (one_matrix)
+      ref_gemm(a + po, ld, sa + M * po / 128, M, b + po, ld, sb + N * po / 128, N, M, N, P[e], want + e * M * N,
+               bound + e * M * N, N);
+    else
+      ref_gemm(a + M * po, P[e], sa + M * po / 128, M, b + N * po, P[e], sb + N * po / 128, N, M, N, P[e],
+               want + e * M * N, bound + e * M * N, N);
     po += P[e];
   }
-  gpu_ptr da = up_raw(a, (size_t)(M * Ptot)), db = up_raw(b, (size_t)(N * Ptot)),
+  gpu_ptr da = up_raw(a, (size_t)(M * cols)), db = up_raw(b, (size_t)(N * cols)),
           dsa = up_raw(sa, (size_t)(M * Ptot / 128) * 4 + 4), dsb = up_raw(sb, (size_t)(N * Ptot / 128) * 4 + 4),
           dc_ = up_raw(counts, sizeof counts), dcm = dmalloc((size_t)(E * M * N + 64) * dts(tc));
   fill_nan(dcm, E * M * N + 64, tc);
   char err[1024];
   gpu_wgmma_set_variant(W, variant);
-  CHECK(gpu_wgmma_fp8_wgrad(W, dc_, E, M, N, da, dsa, db, dsb, tc, dcm, err, sizeof err) == 0, "%s", err);
+  CHECK(gpu_wgmma_fp8_wgrad(W, dc_, E, M, N, ld, da, dsa, db, dsb, tc, dcm, err, sizeof err) == 0, "%s", err);
   float *got = falloc(E * M * N + 64);
   get_f(got, dcm, E * M * N + 64, tc);
   double worst = 0;
@@ -188,7 +196,8 @@ int main(void) {
     for (int v = 0; v < gpu_wgmma_n_variants(); v++)
       for (int t = 0; t < CG_DT_COUNT; t++) {
         test_rows(v, (cg_dtype)t);
-        test_wgrad(v, (cg_dtype)t);
+        test_wgrad(v, (cg_dtype)t, 0);
+        test_wgrad(v, (cg_dtype)t, 1);
       }
     if (BL) gpu_blas_free(BL);
     gpu_wgmma_free(W);
