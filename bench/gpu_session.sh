@@ -43,10 +43,10 @@
 # about 8 files come back, so session.log carries every table.
 #   here:  scripts/gpu_bundle.sh build --with-moec && rm -rf .dev/carry && mkdir .dev/carry &&
 #          cp -r build/gpu-carry/gpu-libs .dev/carry/ && for f in moec test_gpu_kernels test_gpu_step
-#          test_gpu_parallel test_gpu_nccl test_gpu_attention; do cp build/gpu-carry/$f .dev/carry/ && strip .dev/carry/$f;
-#          done && cp ../shared/peers/hf_mixtral_bench.py data/chr20.fa.gz .dev/carry/
-#          (carry .dev; with the working tree it must stay under 64 MiB: 61 + 4.5 MB here)
-#   there: OUT=$OUT bash bench/gpu_session.sh .dev/carry og2 cudnn awoff profile fp8prof
+#          test_gpu_wgmma bench_grouped_gemm; do cp build/$f .dev/carry/ && strip .dev/carry/$f;
+#          done && cp ../shared/peers/hf_mixtral_bench.py .dev/carry/
+#          (carry .dev; with the working tree it must stay under 64 MiB: ~42 MB here)
+#   there: WGV="0 3" OUT=$OUT bash bench/gpu_session.sh .dev/carry wgmma og2fp8 fp8wg
 set -u
 C=$(cd "${1:-.dev/carry}" && pwd)
 shift

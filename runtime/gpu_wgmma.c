@@ -97,6 +97,41 @@ static const char body[] =
     "               ::\"r\"(dst), \"l\"(src), \"r\"(bytes), \"r\"(bar) : \"memory\");\n"
     "}\n"
     "\n"
+    "// Clusters (the multicast variant): this block's rank, a barrier's address in block `rank`,\n"
+    "// an arrive there, a whole-cluster barrier, and a TMA load written into every block of mask.\n"
+    "__device__ __forceinline__ u32 cluster_rank() {\n"
+    "  u32 r;\n"
+    "  asm volatile(\"mov.u32 %0, %%cluster_ctarank;\\n\" : \"=r\"(r));\n"
+    "  return r;\n"
+    "}\n"
+    "__device__ __forceinline__ u32 cluster_addr(u32 local, u32 rank) {\n"
+    "  u32 a;\n"
+    "  asm volatile(\"mapa.shared::cluster.u32 %0, %1, %2;\\n\" : \"=r\"(a) : \"r\"(local), \"r\"(rank));\n"
+    "  return a;\n"
+    "}\n"
+    "__device__ __forceinline__ void mbar_arrive_cluster(u32 cluster_bar) {\n"
+    "  asm volatile(\"mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\\n\" ::\"r\"(cluster_bar) : \"memory\");\n"
+    "}\n"
+    "__device__ __forceinline__ void cluster_sync() {\n"
+    "  asm volatile(\"barrier.cluster.arrive.release.aligned;\\nbarrier.cluster.wait.acquire.aligned;\\n\" ::: \"memory\");\n"
+    "}\n"
+    "// as mbar_wait, acquiring what other blocks of the cluster released with their arrives\n"
+    "__device__ __forceinline__ void mbar_wait_cluster(u32 bar, u32 parity) {\n"
+    "  long long t0 = 0;\n"
+    "  for (;;) {\n"
+    "    u32 done;\n"
+    "    asm volatile(\"{\\n.reg .pred p;\\nmbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\\nselp.u32 %0, 1, 0, p;\\n}\\n\"\n"
+    "                 : \"=r\"(done) : \"r\"(bar), \"r\"(parity) : \"memory\");\n"
+    "    if (done) return;\n"
+    "    if (t0 == 0) t0 = clock64();\n"
+    "    else if (clock64() - t0 > (1ll << 35)) __trap();\n"
+    "  }\n"
+    "}\n"
+    "__device__ __forceinline__ void tma_load_2d_mc(u32 dst, const tmap_t *map, int x, int y, u32 bar, u16 mask) {\n"
+    "  asm volatile(\"cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1, {%2, %3}], [%4], %5;\\n\"\n"
+    "               ::\"r\"(dst), \"l\"((u64)map), \"r\"(x), \"r\"(y), \"r\"(bar), \"h\"(mask) : \"memory\");\n"
+    "}\n"
+    "\n"
     "// Shared-memory matrix descriptor of a K-major tile stored with the 128-byte swizzle: rows\n"
     "// of 128 bytes, 16-byte chunk c of row r at chunk c ^ (r & 7), tile 1024-byte aligned;\n"
     "// stride between 8-row groups 1024 bytes (the leading offset is unused in this form).\n"
@@ -115,6 +150,7 @@ static const char body[] =
     "  int t0[WG_MAX_E + 1], cnt[WG_MAX_E];\n"
     "  i64 pa[WG_MAX_E], ps[WG_MAX_E];\n"
     "};\n"
+    "// A unit is BM rows (BM = 2 tiles for a cluster pair) by one column tile.\n"
     "__device__ void wg_prefix(const wg_args &p, int BM, int tiles_n, wg_table &tb) {\n"
     "  i64 pa = 0, ps = 0;\n"
     "  int t0 = 0;\n"
@@ -337,10 +373,85 @@ static const char body[] =
     "    }\n"
     "    wg_store(p, g, acc, r, lane);\n"
     "  }\n"
+    "}\n"
+    "\n"
+    "// TMA with multicast: a cluster of two blocks takes two vertically adjacent 128 x 128 tiles\n"
+    "// (same expert, same columns), so each B tile is read from L2 once for both: each block loads\n"
+    "// its own A tile and half of the shared B tile, which the TMA writes into both blocks. A stage\n"
+    "// may be refilled once both blocks' math warps have released it (empty[s] counts the 8 math\n"
+    "// warps of each block). A block whose tile lies past its expert's rows computes it anyway (the\n"
+    "// pair shares the loads) and stores nothing.\n"
+    "template <int ST>\n"
+    "__device__ __forceinline__ void wg_fp8_tma_mc(const tmap_t &ta, const tmap_t &tbh, const wg_args &p) {\n"
+    "  constexpr int BM = 128, BN = 128, A_BYTES = BM * 128, B_BYTES = BN * 128, STAGE = A_BYTES + B_BYTES + 1024;\n"
+    "  extern __shared__ u8 smem_raw[];\n"
+    "  u8 *smem = (u8 *)(((size_t)smem_raw + 1023) & ~(size_t)1023);\n"
+    "  __shared__ wg_table tb;\n"
+    "  __shared__ __align__(8) u64 full[ST], empty[ST];\n"
+    "  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, tiles_n = (int)((p.N + BN - 1) / BN);\n"
+    "  const u32 rank = cluster_rank(), peer = rank ^ 1;\n"
+    "  if (tid == 0) {\n"
+    "    wg_prefix(p, 2 * BM, tiles_n, tb);\n"
+    "    for (int s = 0; s < ST; s++) mbar_init(smem_u32(&full[s]), 1), mbar_init(smem_u32(&empty[s]), 16);\n"
+    "    asm volatile(\"fence.mbarrier_init.release.cluster;\\n\" ::: \"memory\");\n"
+    "  }\n"
+    "  __syncthreads();\n"
+    "  cluster_sync(); // the peer's barriers exist before anything reaches them\n"
+    "  const int total = tb.t0[p.E], first = blockIdx.x / 2, step = gridDim.x / 2;\n"
+    "  if (warp == 8) { // producer\n"
+    "    if (lane == 0) {\n"
+    "      int s = 0;\n"
+    "      u32 ph = 0;\n"
+    "      for (int t = first; t < total; t += step) {\n"
+    "        wg_group g = wg_resolve(p, tb, t, 2 * BM, BN, tiles_n);\n"
+    "        g.m0 += rank * BM, g.ay += rank * BM;\n"
+    "        const u32 sa_bytes = g.m0 < g.sa_ld ? (u32)min((i64)BM, g.sa_ld - g.m0) * 4 : 0;\n"
+    "        const u32 sb_bytes = (u32)min((i64)BN, g.sb_ld - g.n0) * 4;\n"
+    "        for (int kc = 0; kc < (int)(g.k / 128); kc++) {\n"
+    "          u8 *st = smem + s * STAGE;\n"
+    "          mbar_wait_cluster(smem_u32(&empty[s]), ph ^ 1);\n"
+    "          mbar_expect_tx(smem_u32(&full[s]), A_BYTES + B_BYTES + sa_bytes + sb_bytes);\n"
+    "          tma_load_2d(smem_u32(st), &ta, g.ax + kc * 128, g.ay, smem_u32(&full[s]));\n"
+    "          tma_load_2d_mc(smem_u32(st + A_BYTES + rank * (B_BYTES / 2)), &tbh, g.bx + kc * 128, g.by + (int)rank * (BN / 2),\n"
+    "                         smem_u32(&full[s]), (u16)3);\n"
+    "          if (sa_bytes) bulk_load(smem_u32(st + A_BYTES + B_BYTES), g.sa + kc * g.sa_ld + g.m0, sa_bytes, smem_u32(&full[s]));\n"
+    "          bulk_load(smem_u32(st + A_BYTES + B_BYTES + 512), g.sb + kc * g.sb_ld + g.n0, sb_bytes, smem_u32(&full[s]));\n"
+    "          if (++s == ST) s = 0, ph ^= 1;\n"
+    "        }\n"
+    "      }\n"
+    "    }\n"
+    "    __syncwarp();\n"
+    "  } else {\n"
+    "    const int wg = warp / 4, r = wg * 64 + (warp % 4) * 16 + lane / 4;\n"
+    "    int s = 0;\n"
+    "    u32 ph = 0;\n"
+    "    for (int t = first; t < total; t += step) {\n"
+    "      wg_group g = wg_resolve(p, tb, t, 2 * BM, BN, tiles_n);\n"
+    "      g.m0 += rank * BM;\n"
+    "      float acc[64], tmp[64];\n"
+    "#pragma unroll\n"
+    "      for (int i = 0; i < 64; i++) acc[i] = 0.f, tmp[i] = 0.f;\n"
+    "      for (int kc = 0; kc < (int)(g.k / 128); kc++) {\n"
+    "        const u8 *st = smem + s * STAGE;\n"
+    "        mbar_wait(smem_u32(&full[s]), ph);\n"
+    "        wg_chunk(tmp, st + wg * 64 * 128, st + A_BYTES);\n"
+    "        wg_promote(acc, tmp, (const float *)(st + A_BYTES + B_BYTES), (const float *)(st + A_BYTES + B_BYTES + 512), r, lane);\n"
+    "        __syncwarp();\n"
+    "        if (lane == 0) { // this warp is done with stage s, in both blocks' eyes\n"
+    "          mbar_arrive_cluster(cluster_addr(smem_u32(&empty[s]), rank));\n"
+    "          mbar_arrive_cluster(cluster_addr(smem_u32(&empty[s]), peer));\n"
+    "        }\n"
+    "        if (++s == ST) s = 0, ph ^= 1;\n"
+    "      }\n"
+    "      wg_store(p, g, acc, r, lane);\n"
+    "    }\n"
+    "  }\n"
+    "  cluster_sync(); // no block leaves while the other may still signal its barriers\n"
     "}\n";
 
 static const struct {
-  int tma, wg, st; /* TMA + producer warp (rows mode; wgrad runs the first cp.async variant) */
+  int tma, wg, st; /* tma: 0 cp.async, 1 TMA + producer warp, 2 that with B tiles multicast to a
+                      2-block cluster (TMA ones: wgrad on blocks runs the first cp.async variant) */
 } variants[] = {
 #define V(t, w, s) {t, w, s},
     GPU_WGMMA_VARIANTS(V)
@@ -358,14 +469,15 @@ static unsigned variant_smem(int v) {
 }
 static unsigned variant_threads(int v) { return 128u * (unsigned)variants[v].wg + (variants[v].tma ? 32u : 0u); }
 static void variant_name(int v, char *name, size_t len) {
-  if (variants[v].tma) snprintf(name, len, "wg_fp8_tma_s%d", variants[v].st);
+  if (variants[v].tma == 2) snprintf(name, len, "wg_fp8_mc_s%d", variants[v].st);
+  else if (variants[v].tma) snprintf(name, len, "wg_fp8_tma_s%d", variants[v].st);
   else snprintf(name, len, "wg_fp8_w%d_s%d", variants[v].wg, variants[v].st);
 }
 
 const char *gpu_wgmma_source(void) {
   static char *src;
   if (src) return src;
-  char *s = NULL, line[256];
+  char *s = NULL, line[512];
   size_t len = 0, cap = 0;
   snprintf(line, sizeof line, "#define WG_MAX_E %d\n", GPU_WGMMA_MAX_E);
   append(&s, &len, &cap, line);
@@ -388,9 +500,10 @@ const char *gpu_wgmma_source(void) {
     variant_name(v, name, sizeof name);
     if (variants[v].tma)
       snprintf(line, sizeof line,
-               "extern \"C\" __global__ void __launch_bounds__(%u, 1) %s(const __grid_constant__ tmap_t ta, "
-               "const __grid_constant__ tmap_t tb, const wg_args p) { wg_fp8_tma<%d>(ta, tb, p); }\n",
-               variant_threads(v), name, variants[v].st);
+               "extern \"C\" __global__ void %s__launch_bounds__(%u, 1) %s(const __grid_constant__ tmap_t ta, "
+               "const __grid_constant__ tmap_t tb, const wg_args p) { wg_fp8_%s<%d>(ta, tb, p); }\n",
+               variants[v].tma == 2 ? "__cluster_dims__(2, 1, 1) " : "", variant_threads(v), name,
+               variants[v].tma == 2 ? "tma_mc" : "tma", variants[v].st);
     else
       snprintf(line, sizeof line, "extern \"C\" __global__ void __launch_bounds__(%u, 1) %s(const wg_args p) { wg_fp8_gemm<%d, %d>(p); }\n",
                variant_threads(v), name, variants[v].wg, variants[v].st);
@@ -478,7 +591,8 @@ void gpu_wgmma_set_variant(gpu_wgmma *w, int v) {
   w->variant = v;
 }
 
-/* v's kernel over tiles_bound tiles at most: a persistent grid of the blocks that fit */
+/* v's kernel over tiles_bound tiles at most: a persistent grid of the blocks that fit (pairs of
+ * blocks for the multicast variant, whose units are two tiles; tiles_bound then counts units) */
 static int launch(gpu_wgmma *w, int v, void **args, int64_t tiles_bound, int E, char *err, size_t errlen) {
   if (E < 1 || E > GPU_WGMMA_MAX_E) {
     snprintf(err, errlen, "wgmma grouped GEMM: %d experts (1 to %d supported); without MOEC_FP8_GEMM=wgmma they run on cuBLASLt",
@@ -486,7 +600,9 @@ static int launch(gpu_wgmma *w, int v, void **args, int64_t tiles_bound, int E, 
     return -1;
   }
   int64_t slots = (int64_t)gpu_info(w->g)->sm_count * w->blocks_per_sm[v];
-  unsigned grid[3] = {(unsigned)(tiles_bound < slots ? (tiles_bound > 0 ? tiles_bound : 1) : slots), 1, 1},
+  if (tiles_bound < 1) tiles_bound = 1;
+  if (variants[v].tma == 2) slots /= 2;
+  unsigned grid[3] = {(unsigned)(tiles_bound < slots ? tiles_bound : slots) * (variants[v].tma == 2 ? 2u : 1u), 1, 1},
            block[3] = {variant_threads(v), 1, 1};
   if (gpu_launch(w->g, w->fn[v], "wgmma_fp8", grid, block, variant_smem(v), args) != 0) {
     snprintf(err, errlen, "%s", gpu_error(w->g));
@@ -511,15 +627,16 @@ int gpu_wgmma_fp8_rows(gpu_wgmma *w, gpu_ptr counts, int64_t E, int64_t S, int64
   if (S == 0) return 0;
   wg_args a = {qa, sa, qb, sb, c, counts, K, 0, N, ldc, 0, (int32_t)E, 0, tc == CG_DT_F32, 0};
   const int v = w->variant;
-  const int64_t bm = 64 * variants[v].wg, tiles = (S / bm + E) * ((N + 127) / 128);
+  const int64_t bm = 64 * variants[v].wg * (variants[v].tma == 2 ? 2 : 1), tiles = (S / bm + E) * ((N + 127) / 128);
   if (!variants[v].tma) {
     void *args[] = {&a};
     return launch(w, v, args, tiles, (int)E, err, errlen);
   }
-  /* TMA boxes of 128 bytes of K by 128 rows: A (S, K) (rows past S read as zeros), B (E N, K) */
+  /* TMA boxes of 128 bytes of K by 128 rows: A (S, K) (rows past S read as zeros), B (E N, K)
+     (by 64 rows, a half tile, for the multicast variant) */
   _Alignas(64) unsigned char ta[128], tb[128];
   if (gpu_tensor_map_u8_2d(w->g, ta, qa, (uint64_t)S, (uint64_t)K, 128, 128) != 0 ||
-      gpu_tensor_map_u8_2d(w->g, tb, qb, (uint64_t)(E * N), (uint64_t)K, 128, 128) != 0) {
+      gpu_tensor_map_u8_2d(w->g, tb, qb, (uint64_t)(E * N), (uint64_t)K, 128, variants[v].tma == 2 ? 64 : 128) != 0) {
     snprintf(err, errlen, "wgmma grouped GEMM: %s", gpu_error(w->g));
     return -1;
   }
@@ -534,14 +651,14 @@ int gpu_wgmma_fp8_wgrad(gpu_wgmma *w, gpu_ptr counts, int64_t E, int64_t M, int6
     return -1;
   wg_args a = {qa, sa, qb, sb, c, counts, 0, M, N, N, ld, (int32_t)E, 1, tc == CG_DT_F32, 0};
   const int v = variants[w->variant].tma && !ld ? w->cp_variant : w->variant;
-  const int64_t bm = 64 * variants[v].wg, tiles = E * ((M + bm - 1) / bm) * ((N + 127) / 128);
+  const int64_t bm = 64 * variants[v].wg * (variants[v].tma == 2 ? 2 : 1), tiles = E * ((M + bm - 1) / bm) * ((N + 127) / 128);
   if (!variants[v].tma) {
     void *args[] = {&a};
     return launch(w, v, args, tiles, (int)E, err, errlen);
   }
   _Alignas(64) unsigned char ta[128], tb[128];
   if (gpu_tensor_map_u8_2d(w->g, ta, qa, (uint64_t)M, (uint64_t)ld, 128, 128) != 0 ||
-      gpu_tensor_map_u8_2d(w->g, tb, qb, (uint64_t)N, (uint64_t)ld, 128, 128) != 0) {
+      gpu_tensor_map_u8_2d(w->g, tb, qb, (uint64_t)N, (uint64_t)ld, 128, variants[v].tma == 2 ? 64 : 128) != 0) {
     snprintf(err, errlen, "wgmma grouped GEMM: %s", gpu_error(w->g));
     return -1;
   }

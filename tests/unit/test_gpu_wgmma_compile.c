@@ -18,13 +18,15 @@ static void check_ptx(const char *ptx) {
       "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3", "wgmma.fence.sync.aligned", "wgmma.commit_group.sync.aligned",
       "wgmma.wait_group.sync.aligned", "cp.async.cg.shared.global", "fence.proxy.async.shared::cta",
       "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes", "mbarrier.try_wait.parity",
+      ".multicast::cluster", "mapa.shared::cluster", "barrier.cluster.arrive", ".explicitcluster",
   };
   for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
     if (!strstr(ptx, want[i])) FAIL("the PTX has no %s", want[i]);
   char name[64];
   int expect = 0, entries = 0;
 #define ENTRY(t, w, s)                                                                             \
-  if (t) snprintf(name, sizeof name, ".entry wg_fp8_tma_s%d(", s);                                  \
+  if (t == 2) snprintf(name, sizeof name, ".entry wg_fp8_mc_s%d(", s);                              \
+  else if (t) snprintf(name, sizeof name, ".entry wg_fp8_tma_s%d(", s);                             \
   else snprintf(name, sizeof name, ".entry wg_fp8_w%d_s%d(", w, s);                                 \
   expect++;                                                                                        \
   if (!strstr(ptx, name)) FAIL("no entry point %s", name + 7);
