@@ -63,7 +63,7 @@ static void pass(const bufs *u, int dt, int kind, const int64_t *cnt, int64_t K,
                                               u->c, N, err, sizeof err)
              : kind == 1 ? gpu_wgmma_fp8_rows(WG, dcounts[routing_now], E, S, K, N, u->a, u->sa, u->b, u->sb, CG_DT_BF16,
                                               u->c, K, err, sizeof err)
-                         : gpu_wgmma_fp8_wgrad(WG, dcounts[routing_now], E, K, N, S + E * 128, u->a, u->sa, u->b, u->sb,
+                         : gpu_wgmma_fp8_wgrad(WG, dcounts[routing_now], E, S, K, N, S + E * 128, u->a, u->sa, u->b, u->sb,
                                                CG_DT_BF16, u->c, err, sizeof err);
     if (rc != 0) die("wgmma fp8 gemm");
     return;

@@ -1137,7 +1137,8 @@ static int fp8_pack(gx *x, int id) {
   if (kind == FP8_COLS) { /* (S, C) by expert: transposed, padded expert blocks with f32 scales; for
                               the wgmma kernel one (C, fp8_cols_ld) matrix (gpu_wgmma.h) */
     int64_t S = a->rows, C = COLS(id), E = DIMOF(id, 1, 0), ldq = x->wgmma ? fp8_cols_ld(S, E) : 0;
-    if (packed_bufs(x, id, (size_t)(C * (S + 128 * E)), (size_t)(C * (S / 128 + E)) * 4)) return -1;
+    if (packed_bufs(x, id, (size_t)(C * (ldq > S + 128 * E ? ldq : S + 128 * E)), (size_t)(C * (S / 128 + E)) * 4))
+      return -1;
     return ck(x, id, rt_cuda_mxfp8_quantize_cols_experts_win(KX, t, src, ldx, sx, rb, S, C, V(id, 1)->p, E, ldq, v->q8,
                                                              v->s8));
   }
@@ -1178,7 +1179,7 @@ static int fp8_fail(gx *x, int id, const char *e) {
  * counts value vc read on the device, no host sync) where the executor has it, else on
  * cuBLASLt, one call per expert, from the counts' host copy. */
 static int fp8_gemm_rows(gx *x, int id, int vc, int64_t E, int64_t S, int64_t N_, int64_t K, gpu_ptr qa, gpu_ptr sa,
-                    gpu_ptr qb, gpu_ptr sb, cg_dtype tc, gpu_ptr c, int64_t ldc) {
+                         gpu_ptr qb, gpu_ptr sb, cg_dtype tc, gpu_ptr c, int64_t ldc) {
   char e_[512];
   int rc;
   if (x->wgmma) {
@@ -1246,8 +1247,9 @@ static int exec_GROUPED_LINEAR_WGRAD(gx *x, int id) {
     char e_[512];
     int rc;
     if (x->wgmma) {
-      rc = gpu_wgmma_fp8_wgrad(x->wgmma, V(id, 2)->p, t->dims[0], t->dims[1], t->dims[2], fp8_cols_ld(a->rows, t->dims[0]),
-                               qx->q8, qx->s8, qd->q8, qd->s8, DT(x, id), x->val[id].p, e_, sizeof e_);
+      const int64_t ld = fp8_cols_ld(a->rows, t->dims[0]);
+      rc = gpu_wgmma_fp8_wgrad(x->wgmma, V(id, 2)->p, t->dims[0], a->rows, t->dims[1], t->dims[2], ld, qx->q8, qx->s8,
+                               qd->q8, qd->s8, DT(x, id), x->val[id].p, e_, sizeof e_);
     } else {
       const int32_t *cnt = host_counts(x, id, N(id)->in[2], a->rows);
       if (!cnt) return -1;
@@ -1569,17 +1571,29 @@ gpu_exec *gpu_exec_new(gpu_runtime *rt, const ir_graph *g, char *err, size_t err
     gpu_exec_free(x);
     return NULL;
   }
-  int any_site = 0;
-  for (int id = 0; id < g->n_nodes && fp8_on; id++) any_site |= x->fp8.site[id];
+  int any_site = 0, most_experts = 0;
+  for (int id = 0; id < g->n_nodes && fp8_on; id++) {
+    if (!x->fp8.site[id]) continue;
+    any_site = 1;
+    const ir_node *s = &g->nodes[id];
+    int vc = s->op == OP_GROUPED_MLP || s->op == OP_GROUPED_MLP_BWD ? s->in[3] : s->in[2];
+    if (g->nodes[vc].type.dims[0] > most_experts) most_experts = (int)g->nodes[vc].type.dims[0];
+  }
   if (any_site && f8 && strcmp(f8, "wgmma") == 0) { /* opt-in until it beats cuBLASLt end to end */
-    if (!rt->wgmma_tried) { /* built once a runtime; where it cannot be, cuBLASLt runs them */
-      char e2[1024];
-      rt->wgmma_tried = 1;
-      rt->wgmma = gpu_wgmma_new(rt->g, rt_cuda_arch(rt->k), NULL, e2, sizeof e2);
-      if (!rt->wgmma && e2[0])
-        fprintf(stderr, "moec: warning: the wgmma FP8 grouped GEMM is unavailable (%s); the FP8 expert GEMMs run on cuBLASLt\n", e2);
+    if (most_experts > GPU_WGMMA_MAX_E) {
+      fprintf(stderr, "moec: warning: MOEC_FP8_GEMM=wgmma takes at most %d experts, this model has %d; the FP8 expert "
+                      "GEMMs run on cuBLASLt\n", GPU_WGMMA_MAX_E, most_experts);
+    } else {
+      if (!rt->wgmma_tried) { /* built once a runtime; where it cannot be, cuBLASLt runs them */
+        char e2[1024];
+        rt->wgmma_tried = 1;
+        rt->wgmma = gpu_wgmma_new(rt->g, rt_cuda_arch(rt->k), NULL, e2, sizeof e2);
+        if (!rt->wgmma)
+          fprintf(stderr, "moec: warning: the wgmma FP8 grouped GEMM is unavailable (%s); the FP8 expert GEMMs run on cuBLASLt\n",
+                  e2[0] ? e2 : "it needs an sm_90 GPU");
+      }
+      x->wgmma = rt->wgmma;
     }
-    x->wgmma = rt->wgmma;
   }
   x->hcounts = calloc(n, sizeof *x->hcounts);
   x->ep_all = calloc(n, sizeof *x->ep_all);

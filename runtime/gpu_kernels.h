@@ -277,8 +277,12 @@ int rt_cuda_mxfp8_quantize_cols_experts(rt_cuda *k, cg_dtype t, gpu_ptr x, int64
 int rt_cuda_mxfp8_quantize_cols_experts_win(rt_cuda *k, cg_dtype t, gpu_ptr x, int64_t ldx, int64_t sx, int round_bf16,
                                             int64_t S, int64_t C, gpu_ptr counts, int64_t E, int64_t ldq, gpu_ptr qt,
                                             gpu_ptr sf);
-/* Columns the padded expert blocks of S rows in E experts can take: sum of 128 ceil(m_e/128). */
-static inline int64_t fp8_cols_ld(int64_t S, int64_t E) { return (S + 127 * E + 127) / 128 * 128; }
+/* Columns enough for the padded expert blocks of S rows in E experts: the sum of 128
+ * ceil(m_e/128) is a multiple of 128 of at most S + 127 E (and at least 128, so never 0). */
+static inline int64_t fp8_cols_ld(int64_t S, int64_t E) {
+  int64_t ld = (S + 127 * E) / 128 * 128;
+  return ld > 128 ? ld : 128;
+}
 /* ck_mxfp8_qdq: y (dims, in ty; may be x) = the exact values of x quantized to MXFP8 along
  * `axis` of dims (rank 1..4), blocks restarting at each expert's first row when counts (i32
  * (E) on the device, axis 0 only) is not 0. */

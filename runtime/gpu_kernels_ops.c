@@ -657,8 +657,8 @@ int rt_cuda_mxfp8_quantize_cols_experts_win(rt_cuda *k, cg_dtype t, gpu_ptr x, i
   if (sx < 0 || sx + C > ldx)
     return rtk_fail(k, "mxfp8_quantize_cols_experts: columns [%lld, %lld) of %lld (%s)", (long long)sx, (long long)(sx + C),
                     (long long)ldx, ck_strerror(CK_ESHAPE));
-  if (ldq && (ldq < fp8_cols_ld(S, E) || ldq % 16))
-    return rtk_fail(k, "mxfp8_quantize_cols_experts: ldq %lld, want a multiple of 16 of at least %lld (%s)", (long long)ldq,
+  if (ldq && (ldq < fp8_cols_ld(S, E) || ldq % 128))
+    return rtk_fail(k, "mxfp8_quantize_cols_experts: ldq %lld, want a multiple of 128 of at least %lld (%s)", (long long)ldq,
                     (long long)fp8_cols_ld(S, E), ck_strerror(CK_ESHAPE));
   const cg_variant v = {32, 1};
   int rb = round_bf16 != 0;

@@ -8,10 +8,11 @@
 
 #include "gpu_nvrtc.h"
 
-/* wgmma m64n128k32 e4m3 x e4m3 -> f32: 64 accumulator registers a thread, written out by
- * wg_prelude since inline PTX names each one. */
+/* Appends t to the growing source *s; after a failed realloc *s stays NULL (and appending
+ * stops), which gpu_wgmma_source reports as out of memory. */
 static void append(char **s, size_t *len, size_t *cap, const char *t) {
   size_t n = strlen(t);
+  if (*len && !*s) return;
   if (*len + n + 1 > *cap) {
     size_t nc = (*cap ? *cap * 2 : 16384) + n;
     char *p = realloc(*s, nc);
@@ -19,6 +20,7 @@ static void append(char **s, size_t *len, size_t *cap, const char *t) {
       free(*s);
       *s = NULL;
       *cap = 0;
+      *len = 1; /* marks the failure */
       return;
     }
     *s = p;
@@ -44,7 +46,7 @@ static const char body[] =
     "struct wg_args {\n"
     "  const u8 *a; const float *sa; const u8 *b; const float *sb; void *c;\n"
     "  const int *counts;\n"
-    "  i64 K, M, N, ldc, ld;\n"
+    "  i64 K, M, N, ldc, ld, S; // S: the rows the counts split\n"
     "  int E, mode, c_f32;\n"
     "};\n"
     "struct __align__(64) tmap_t { u64 v[16]; }; // a CUtensorMap\n"
@@ -145,10 +147,12 @@ static const char body[] =
     "};\n"
     "// A unit is BM rows (BM = 2 tiles for a cluster pair) by one column tile.\n"
     "__device__ void wg_prefix(const wg_args &p, int BM, int tiles_n, wg_table &tb) {\n"
-    "  i64 pa = 0, ps = 0;\n"
+    "  i64 pa = 0, ps = 0, rows = 0;\n"
     "  int t0 = 0;\n"
     "  for (int e = 0; e < p.E; e++) {\n"
-    "    int m = p.counts[e] > 0 ? p.counts[e] : 0;\n"
+    "    // counts past S (a corrupt router output) are cut at S: never a read or write out of bounds\n"
+    "    int m = (int)min((i64)(p.counts[e] > 0 ? p.counts[e] : 0), p.S - rows);\n"
+    "    rows += m;\n"
     "    tb.cnt[e] = m, tb.pa[e] = pa, tb.ps[e] = ps, tb.t0[e] = t0;\n"
     "    if (p.mode == 0) {\n"
     "      t0 += (m + BM - 1) / BM * tiles_n;\n"
@@ -428,6 +432,7 @@ const char *gpu_wgmma_source(void) {
   size_t len = 0, cap = 0;
   snprintf(line, sizeof line, "#define WG_MAX_E %d\n", GPU_WGMMA_MAX_E);
   append(&s, &len, &cap, line);
+  /* wgmma m64n128k32 e4m3 x e4m3 -> f32 keeps 64 accumulators a thread; inline PTX names each */
   append(&s, &len, &cap, "__device__ __forceinline__ void wg_mma_n128(float *d, unsigned long long da, unsigned long long db, int scale_d) {\n"
                          "  asm volatile(\"{\\n.reg .pred p;\\nsetp.ne.b32 p, %66, 0;\\n\"\n"
                          "    \"wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 {");
@@ -470,7 +475,7 @@ struct gpu_wgmma {
 /* the kernel's parameter block, laid out as struct wg_args in the source */
 typedef struct {
   gpu_ptr a, sa, b, sb, c, counts;
-  int64_t K, M, N, ldc, ld;
+  int64_t K, M, N, ldc, ld, S;
   int32_t E, mode, c_f32, pad_;
 } wg_args;
 
@@ -572,7 +577,7 @@ int gpu_wgmma_fp8_rows(gpu_wgmma *w, gpu_ptr counts, int64_t E, int64_t S, int64
       check_dims("ldc", ldc, 2, err, errlen))
     return -1;
   if (S == 0) return 0;
-  wg_args a = {qa, sa, qb, sb, c, counts, K, 0, N, ldc, 0, (int32_t)E, 0, tc == CG_DT_F32, 0};
+  wg_args a = {qa, sa, qb, sb, c, counts, K, 0, N, ldc, 0, S, (int32_t)E, 0, tc == CG_DT_F32, 0};
   const int v = w->variant;
   const int64_t bm = 64 * variants[v].wg * (variants[v].tma == 2 ? 2 : 1), tiles = (S / bm + E) * ((N + 127) / 128);
   if (!variants[v].tma) {
@@ -591,12 +596,12 @@ int gpu_wgmma_fp8_rows(gpu_wgmma *w, gpu_ptr counts, int64_t E, int64_t S, int64
   return launch(w, v, args, tiles, (int)E, err, errlen);
 }
 
-int gpu_wgmma_fp8_wgrad(gpu_wgmma *w, gpu_ptr counts, int64_t E, int64_t M, int64_t N, int64_t ld, gpu_ptr qa,
-                        gpu_ptr sa, gpu_ptr qb, gpu_ptr sb, cg_dtype tc, gpu_ptr c, char *err, size_t errlen) {
+int gpu_wgmma_fp8_wgrad(gpu_wgmma *w, gpu_ptr counts, int64_t E, int64_t S, int64_t M, int64_t N, int64_t ld,
+                        gpu_ptr qa, gpu_ptr sa, gpu_ptr qb, gpu_ptr sb, cg_dtype tc, gpu_ptr c, char *err, size_t errlen) {
   if (check_dims("M", M, 16, err, errlen) || check_dims("N", N, 16, err, errlen) ||
       (ld && check_dims("ld", ld, 128, err, errlen)))
     return -1;
-  wg_args a = {qa, sa, qb, sb, c, counts, 0, M, N, N, ld, (int32_t)E, 1, tc == CG_DT_F32, 0};
+  wg_args a = {qa, sa, qb, sb, c, counts, 0, M, N, N, ld, S, (int32_t)E, 1, tc == CG_DT_F32, 0};
   const int v = variants[w->variant].tma && !ld ? w->cp_variant : w->variant;
   const int64_t bm = 64 * variants[v].wg * (variants[v].tma == 2 ? 2 : 1), tiles = E * ((M + bm - 1) / bm) * ((N + 127) / 128);
   if (!variants[v].tma) {

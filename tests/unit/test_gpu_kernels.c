@@ -927,7 +927,7 @@ static void test_fp8_operands(cg_dtype t) {
     free(xw), free(win);
   }
   { /* the same blocks as columns of one (C, ldq) matrix: byte for byte the blocks above */
-    const int64_t ldq = fp8_cols_ld(S, E4) + 32;
+    const int64_t ldq = fp8_cols_ld(S, E4) + 128;
     gpu_ptr dq1 = dmalloc((size_t)(C * ldq)), dsf1 = dmalloc((size_t)(C * Ptot / 128) * 4);
     RUN(rt_cuda_mxfp8_quantize_cols_experts(K, t, dx, S, C, dc, E4, dq, dsf));
     RUN(rt_cuda_mxfp8_quantize_cols_experts_win(K, t, dx, C, 0, 0, S, C, dc, E4, ldq, dq1, dsf1));

@@ -106,6 +106,22 @@ static void test_rows(int variant, cg_dtype tc) {
   int64_t touched = 0;
   for (int64_t i = S * N; i < (S + SLACK) * N; i++) touched += !isnan(got[i]);
   CHECK(touched == 0, "rows mode wrote %lld values past the last expert's rows", (long long)touched);
+  { /* counts past S (the last expert's inflated by 100): cut at S, the same outputs, nothing past */
+    int32_t big[E];
+    memcpy(big, counts, sizeof big);
+    big[E - 1] += 100;
+    gpu_ptr dbig = up_raw(big, sizeof big);
+    fill_nan(dcm, (S + SLACK) * N, tc);
+    CHECK(gpu_wgmma_fp8_rows(W, dbig, E, S, N, K, da, dsa, db, dsb, tc, dcm, N, err, sizeof err) == 0, "%s", err);
+    float *g2 = falloc((S + SLACK) * N);
+    get_f(g2, dcm, (S + SLACK) * N, tc);
+    int64_t past = 0, differ = 0;
+    for (int64_t i = 0; i < S * N; i++) differ += memcmp(&g2[i], &got[i], sizeof *g2) != 0;
+    for (int64_t i = S * N; i < (S + SLACK) * N; i++) past += !isnan(g2[i]);
+    CHECK(differ == 0 && past == 0, "counts summing past S: %lld outputs changed, %lld written past S", (long long)differ,
+          (long long)past);
+    free(g2);
+  }
   /* the cuBLASLt path on the same operands (it writes up to 15 rows of slack; the 16 allow it) */
   if (BL) {
     float *cub = falloc((S + SLACK) * N);
@@ -157,7 +173,9 @@ static void test_wgrad(int variant, cg_dtype tc, int one_matrix) {
   fill_nan(dcm, E * M * N + 64, tc);
   char err[1024];
   gpu_wgmma_set_variant(W, variant);
-  CHECK(gpu_wgmma_fp8_wgrad(W, dc_, E, M, N, ld, da, dsa, db, dsb, tc, dcm, err, sizeof err) == 0, "%s", err);
+  int64_t S = 0;
+  for (int e = 0; e < E; e++) S += counts[e];
+  CHECK(gpu_wgmma_fp8_wgrad(W, dc_, E, S, M, N, ld, da, dsa, db, dsb, tc, dcm, err, sizeof err) == 0, "%s", err);
   float *got = falloc(E * M * N + 64);
   get_f(got, dcm, E * M * N + 64, tc);
   double worst = 0;
