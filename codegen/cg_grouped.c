@@ -261,14 +261,27 @@ static const char *const src =
     "// (S, 2F) and act (S, F) in bf16, dense, each the f32 value rounded as a cast to bf16 would;\n"
     "// dp (S) in f32. 8 columns a thread where F % 8 == 0 and the rows are 16-byte aligned (so\n"
     "// dp's double sum runs in another order than mlp_bwd_rows': its last bit may differ).\n"
+    "// gq != 0: gate_up is read from its stored MXFP8 form instead (gpu_views.h VIEW_DECODE):\n"
+    "// E4M3 gq (S, 2F) and E8M0 codes gsc, one per gblock elements, each value decoded as\n"
+    "// mxfp8_dequantize does and rounded to TG, exactly the value it would have written.\n"
+    "template <int N, class TG>\n"
+    "__device__ __forceinline__ void ld_mxq(const u8 *gq, const u8 *gsc, i64 gblock, i64 e, float *v) {\n"
+    "#pragma unroll\n"
+    "  for (int j = 0; j < N; j++) {\n"
+    "    const int code = gsc[(e + j) / gblock];\n"
+    "    const float x = mx_dequant1(gq[e + j], code, pow2f(code - 127));\n"
+    "    if constexpr (sizeof(TG) == 2) v[j] = __uint_as_float((u32)bf16_bits(x) << 16);\n"
+    "    else v[j] = x;\n"
+    "  }\n"
+    "}\n"
     "template <class TG>\n"
     "__device__ void mlp_bwd_split(const float *dact, const TG *gu, i64 ldg, const float *p, bf16 *dgu, bf16 *act,\n"
-    "                              float *dpo, i64 S, i64 F) {\n"
+    "                              float *dpo, i64 S, i64 F, const u8 *gq, const u8 *gsc, i64 gblock) {\n"
     "  __shared__ double sh[32];\n"
     "  const i64 r = blockIdx.x;\n"
     "  if (r >= S) return;\n"
     "  const float pr = p[r];\n"
-    "  const TG *g0 = gu + r * ldg, *u0 = g0 + F;\n"
+    "  const TG *g0 = gq ? gu : gu + r * ldg, *u0 = gq ? gu : g0 + F; // unused when gq\n"
     "  const float *d0 = dact + r * F;\n"
     "  bf16 *dg = dgu + r * 2 * F, *du = dg + F, *ao = act + r * F;\n"
     "  const bool vec = F % 8 == 0 && aligned16(g0) && aligned16(u0) && aligned16(d0) && aligned16(dg) && aligned16(du) &&\n"
@@ -277,8 +290,13 @@ static const char *const src =
     "  auto body = EW_BODY {\n"
     "    EW_N;\n"
     "    float g[N], u[N], d[N], vg[N], vu[N], va[N];\n"
-    "    ldn<N>(g0 + i, g);\n"
-    "    ldn<N>(u0 + i, u);\n"
+    "    if (gq) {\n"
+    "      ld_mxq<N, TG>(gq, gsc, gblock, r * 2 * F + i, g);\n"
+    "      ld_mxq<N, TG>(gq, gsc, gblock, r * 2 * F + F + i, u);\n"
+    "    } else {\n"
+    "      ldn<N>(g0 + i, g);\n"
+    "      ldn<N>(u0 + i, u);\n"
+    "    }\n"
     "    ldn<N>(d0 + i, d);\n"
     "#pragma unroll\n"
     "    for (int j = 0; j < N; j++) {\n"
@@ -318,7 +336,8 @@ void cg_emit_grouped(cg_buf *b, const cg_variant *v, int emu) {
     cg_entry(b, CG_NT_RED, "moec_grouped_colsum_${x}", "const ${X} *dy, const int *counts, float *db, i64 S, i64 N, int *err",
              "grouped_colsum<${X}>", kv, emu);
     cg_entry(b, CG_NT_ROW, "moec_mlp_bwd_split_${x}",
-             "const float *dact, const ${X} *gu, i64 ldg, const float *p, bf16 *dgu, bf16 *act, float *dp, i64 S, i64 F",
+             "const float *dact, const ${X} *gu, i64 ldg, const float *p, bf16 *dgu, bf16 *act, float *dp, i64 S, i64 F, "
+             "const u8 *gq, const u8 *gsc, i64 gblock",
              "mlp_bwd_split<${X}>", kv, emu);
     cg_entry(b, CG_NT_EW, "moec_mlp_act_${x}", "const ${X} *gu, i64 ldg, const float *p, ${X} *act, i64 S, i64 F",
              "mlp_act<${X}>", kv, emu);

@@ -1380,9 +1380,14 @@ static int exec_GROUPED_MLP_BWD(gx *x, int id) {
     int rc = x->fp8.site[id] ? fp8_site_gemm(x, id, 0, 2, E, N(id)->in[3], S, F, H, CG_DT_F32, dact, F)
                              : ggemm_blas(x, id, cnt, E, tdy, dy->p, H, tw, V(id, 2)->p, 1, CG_DT_F32, dact, F, F, H);
     const gpu_ptr out = x->val[id].p;
+    /* a decoded gate_up (VIEW_DECODE): the stored quantize's E4M3 values and E8M0 codes */
+    const int q = x->view[gu] == VIEW_DECODE && !gup ? N(gu)->in[0] : -1;
     if (rc == 0 && split)
-      rc = ck(x, id, rt_cuda_mlp_bwd_split(KX, DT(x, gu), dact, gup, ldg, V(id, 4)->p, out, out + gpu_split_offset(S, F, 2 * F),
-                                           out + gpu_split_offset(S, F, 3 * F), S, F));
+      rc = ck(x, id, rt_cuda_mlp_bwd_split_mx(KX, DT(x, gu), dact, gup, ldg, q >= 0 ? x->val[q].q8 : 0, q >= 0 ? x->val[q].s8 : 0,
+                                              q >= 0 ? ir_get_int(N(q), "block", 32) : 0, V(id, 4)->p, out,
+                                              out + gpu_split_offset(S, F, 2 * F), out + gpu_split_offset(S, F, 3 * F), S, F));
+    else if (rc == 0 && q >= 0)
+      rc = fail(x, id, "internal error: a decoded gate_up off the split path");
     else if (rc == 0)
       rc = ck(x, id, rt_cuda_mlp_bwd_rows(KX, DT(x, gu), DT(x, id), dact, gup, ldg, V(id, 4)->p, out, S, F, COLS(id)));
     pool_put(x->rt, dact);
@@ -1427,6 +1432,10 @@ static int exec_MXFP8_QUANTIZE(gx *x, int id) {
 
 static int exec_MXFP8_DEQUANTIZE(gx *x, int id) {
   int q = N(id)->in[0];
+  if (x->view[id] == VIEW_DECODE && !x->keep_all) { /* its readers decode the packed form (gpu_views.h) */
+    x->val[id] = (dev_value){.rows = x->val[q].rows, .numel = x->val[q].numel};
+    return 0;
+  }
   if (x->fp8.kind[q] == FP8_STORE) { /* expands the packed values: those the quantize would have kept */
     if (alloc_out(x, id, x->val[q].rows, 0)) return -1;
     return ck(x, id, rt_cuda_mxfp8_dequantize(KX, DT(x, id), x->val[q].q8, x->val[q].s8, x->val[q].rows, COLS(id),

@@ -240,6 +240,11 @@ int rt_cuda_mlp_bwd_rows(rt_cuda *k, cg_dtype tgu, cg_dtype to, gpu_ptr dact, gp
                          gpu_ptr out, int64_t S, int64_t F, int64_t W);
 int rt_cuda_mlp_bwd_split(rt_cuda *k, cg_dtype tgu, gpu_ptr dact, gpu_ptr gate_up, int64_t ldg, gpu_ptr probs, gpu_ptr dgu,
                           gpu_ptr act, gpu_ptr dp, int64_t S, int64_t F);
+/* The same reading gate_up from its stored MXFP8 form when gq is not 0 (gate_up unused): E4M3
+ * gq (S, 2F) and E8M0 codes gsc, one per gblock elements (rt_cuda_mxfp8_quantize's output),
+ * each value decoded and rounded to tgu as rt_cuda_mxfp8_dequantize would write it. */
+int rt_cuda_mlp_bwd_split_mx(rt_cuda *k, cg_dtype tgu, gpu_ptr dact, gpu_ptr gate_up, int64_t ldg, gpu_ptr gq, gpu_ptr gsc,
+                             int64_t gblock, gpu_ptr probs, gpu_ptr dgu, gpu_ptr act, gpu_ptr dp, int64_t S, int64_t F);
 
 /* ---- MXFP8 ---- */
 int rt_cuda_mxfp8_quantize(rt_cuda *k, cg_dtype t, gpu_ptr x /* (rows, cols) */, int64_t rows, int64_t cols,

@@ -180,11 +180,21 @@ int rt_cuda_mlp_bwd_rows(rt_cuda *k, cg_dtype tgu, cg_dtype to, gpu_ptr dact, gp
 
 int rt_cuda_mlp_bwd_split(rt_cuda *k, cg_dtype tgu, gpu_ptr dact, gpu_ptr gate_up, int64_t ldg, gpu_ptr probs_, gpu_ptr dgu,
                           gpu_ptr act, gpu_ptr dp, int64_t S, int64_t F) {
-  if (ldg < 2 * F) return rtk_fail(k, "mlp_bwd_split: gate_up rows %lld apart, narrower than 2F = %lld (%s)", (long long)ldg,
-                                   (long long)(2 * F), ck_strerror(CK_ESHAPE));
+  return rt_cuda_mlp_bwd_split_mx(k, tgu, dact, gate_up, ldg, 0, 0, 0, probs_, dgu, act, dp, S, F);
+}
+
+int rt_cuda_mlp_bwd_split_mx(rt_cuda *k, cg_dtype tgu, gpu_ptr dact, gpu_ptr gate_up, int64_t ldg, gpu_ptr gq, gpu_ptr gsc,
+                             int64_t gblock, gpu_ptr probs_, gpu_ptr dgu, gpu_ptr act, gpu_ptr dp, int64_t S, int64_t F) {
+  if (!gq && ldg < 2 * F)
+    return rtk_fail(k, "mlp_bwd_split: gate_up rows %lld apart, narrower than 2F = %lld (%s)", (long long)ldg, (long long)(2 * F),
+                    ck_strerror(CK_ESHAPE));
+  if (gq && (gblock < 1 || (2 * F) % gblock))
+    return rtk_fail(k, "mlp_bwd_split: MXFP8 blocks of %lld do not divide a row of 2F = %lld (%s)", (long long)gblock,
+                    (long long)(2 * F), ck_strerror(CK_ESHAPE));
   char name[64];
   KN("mlp_bwd_split", 1, tgu);
-  return rtk_launch(k, FAM, NULL, name, (uint64_t)S, 1, CG_NT_ROW, ARGS(&dact, &gate_up, &ldg, &probs_, &dgu, &act, &dp, &S, &F));
+  return rtk_launch(k, FAM, NULL, name, (uint64_t)S, 1, CG_NT_ROW,
+                    ARGS(&dact, &gate_up, &ldg, &probs_, &dgu, &act, &dp, &S, &F, &gq, &gsc, &gblock));
 }
 
 int rt_cuda_grouped_mlp_bwd(rt_cuda *k, cg_dtype tdy, cg_dtype tgu, cg_dtype tw, cg_dtype to, gpu_ptr dy, gpu_ptr gate_up,

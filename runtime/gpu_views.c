@@ -141,6 +141,21 @@ void gpu_views_plan(const ir_graph *g, const gpu_fp8_plan *fp8, int blas, int *l
         if (g->nodes[c].n_in && g->nodes[c].in[0] == s) view[c] = VIEW_ALIAS; /* a cast to bf16 (splits) */
     }
   }
+  /* the stored gate_up, read only by split backwards, which decode it themselves */
+  for (int id = 0; id < g->n_nodes; id++) {
+    const ir_node *nd = &g->nodes[id];
+    if (nd->op != OP_MXFP8_DEQUANTIZE || fp8->kind[nd->in[0]] != FP8_STORE || is_output(g, id)) continue;
+    int readers = 0, ok = 1;
+    for (int r = id + 1; r < g->n_nodes && ok; r++)
+      for (int j = 0; j < g->nodes[r].n_in; j++)
+        if (g->nodes[r].in[j] == id) {
+          readers++;
+          ok &= g->nodes[r].op == OP_GROUPED_MLP_BWD && j == 1 && view[r] == VIEW_SPLIT;
+        }
+    if (!ok || !readers) continue;
+    view[id] = VIEW_DECODE;
+    if (last_use[nd->in[0]] < last_use[id]) last_use[nd->in[0]] = last_use[id];
+  }
   /* every link of a chain lives to the reader: a link with a pointer (a slab, an alias) is read
      through the link above it, and the root holds the memory */
   for (int id = 0; id < g->n_nodes; id++)

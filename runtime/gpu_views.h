@@ -30,6 +30,9 @@ typedef enum {
                         each only cast to bf16, and of its dp: writes its pieces apart, in one buffer:
                         dg | du (S, 2F) and act (S, F) in bf16, then dp (S) in f32 (gpu_split_offset);
                         the slices are pieces, their casts aliases. Where the GEMMs are cuBLASLt's only */
+  VIEW_DECODE = 10,  /* an mxfp8_dequantize of a stored quantize (FP8_STORE: the saved gate_up) read only as
+                        gate_up by split grouped_mlp_bwd's: writes nothing; they decode the packed E4M3 and
+                        E8M0 codes (rt_cuda_mlp_bwd_split_mx), which live until they read them */
   VIEW_KINDS
 } gpu_view;
 

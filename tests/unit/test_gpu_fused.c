@@ -219,6 +219,40 @@ static void test_mlp_bwd_split(cg_dtype t) {
   dfree_all();
 }
 
+/* mlp_bwd_split reading gate_up from its stored MXFP8 form (E4M3 + E8M0 codes, block 32
+ * sharing 128, as the saved gate_up is kept) must give, bit for bit, what it gives on the
+ * values rt_cuda_mxfp8_dequantize expands from that form (2F = 128 here); a NaN among the
+ * inputs checks that the NaN group decodes alike. */
+static void test_mlp_bwd_split_mx(cg_dtype t) {
+  const int64_t F = 64; /* rows of 2F = 128: whole 128-element MXFP8 groups */
+  float *gu = rnd(S * 2 * F, -2, 2, CG_DT_F32), *dact = rnd(S * F, -1, 1, CG_DT_F32), *p = rnd(S, 0.1f, 1, CG_DT_F32);
+  gu[3 * 2 * F + 5] = NAN;
+  float *want = falloc(S * 3 * F), *got = falloc(S * 3 * F), *dpw = falloc(S), *dpg = falloc(S);
+  gpu_ptr dx = up_f(gu, S * 2 * F, t), dd = up_f(dact, S * F, CG_DT_F32), dp = up_f(p, S, CG_DT_F32);
+  gpu_ptr q = dmalloc((size_t)(S * 2 * F)), sc = dmalloc((size_t)(S * 2 * F / 32)), vals = dmalloc((size_t)(S * 2 * F) * dts(t));
+  gpu_ptr s1 = dmalloc((size_t)(S * 3 * F) * 2 + (size_t)S * 4), s2 = dmalloc((size_t)(S * 3 * F) * 2 + (size_t)S * 4);
+  RUN(rt_cuda_mxfp8_quantize(K, t, dx, S, 2 * F, 32, 1, q, sc));
+  RUN(rt_cuda_mxfp8_dequantize(K, t, q, sc, S, 2 * F, 32, vals));
+  const gpu_ptr o1 = s1 + (gpu_ptr)(S * 2 * F * 2), d1 = s1 + (gpu_ptr)(S * 3 * F * 2);
+  const gpu_ptr o2 = s2 + (gpu_ptr)(S * 2 * F * 2), d2 = s2 + (gpu_ptr)(S * 3 * F * 2);
+  RUN(rt_cuda_mlp_bwd_split(K, t, dd, vals, 2 * F, dp, s1, o1, d1, S, F));
+  RUN(rt_cuda_mlp_bwd_split_mx(K, t, dd, 0, 0, q, sc, 32, dp, s2, o2, d2, S, F));
+  get_f(want, s1, S * 3 * F, CG_DT_BF16);
+  get_f(got, s2, S * 3 * F, CG_DT_BF16);
+  char what[64];
+  snprintf(what, sizeof what, "mlp_bwd_split from MXFP8 (%s values)", cg_dtype_name(t));
+  cmp(what, got, want, S * 3 * F, CG_DT_BF16, -1, 0);
+  get_f(dpw, d1, S, CG_DT_F32);
+  get_f(dpg, d2, S, CG_DT_F32);
+  snprintf(what, sizeof what, "mlp_bwd_split dp from MXFP8 (%s values)", cg_dtype_name(t));
+  cmp(what, dpg, dpw, S, CG_DT_F32, -1, 0);
+  CHECK(rt_cuda_mlp_bwd_split_mx(K, t, dd, 0, 0, q, sc, 3 * F, dp, s2, o2, d2, S, F) != 0,
+        "mlp_bwd_split_mx accepted blocks of 3F that do not divide a row");
+  expect_flag("mlp_bwd_split_mx", CK_OK);
+  free(gu), free(dact), free(p), free(want), free(got), free(dpw), free(dpg);
+  dfree_all();
+}
+
 int main(void) {
   double t0 = ck_now();
   uint64_t seed;
@@ -232,6 +266,7 @@ int main(void) {
     for (int w = 0; w < CG_DT_COUNT; w++) test_grouped_gemm((cg_dtype)t, (cg_dtype)w);
     test_grouped_mlp((cg_dtype)t);
     test_mlp_bwd_split((cg_dtype)t);
+    test_mlp_bwd_split_mx((cg_dtype)t);
   }
   rt_cuda_free(K);
   gpu_close(G);

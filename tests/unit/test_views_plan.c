@@ -75,13 +75,24 @@ static void check_plan(const char *precision, int fp8_on, int blas, int counts[V
         CHECK(view[n->in[j]] == VIEW_IN_STACK && g->nodes[g->nodes[n->in[j]].in[0]].op == OP_PARAM,
               "stacked %%%d: operand %%%d is not a parameter's cast in the stack", id, n->in[j]);
     if (n->op == OP_MXFP8_DEQUANTIZE && p.kind[n->in[0]] == FP8_STORE)
-      CHECK(!view[id], "%%%d expands the stored %%%d, yet is a view", id, n->in[0]);
+      CHECK(!view[id] || view[id] == VIEW_DECODE, "%%%d expands the stored %%%d, yet is a view", id, n->in[0]);
+    if (view[id] == VIEW_DECODE) {
+      CHECK(n->op == OP_MXFP8_DEQUANTIZE && p.kind[n->in[0]] == FP8_STORE, "%%%d decodes, but reads no stored quantize", id);
+      for (int r = id + 1; r < g->n_nodes; r++)
+        for (int j = 0; j < g->nodes[r].n_in; j++)
+          if (g->nodes[r].in[j] == id) {
+            CHECK(g->nodes[r].op == OP_GROUPED_MLP_BWD && j == 1 && view[r] == VIEW_SPLIT,
+                  "%%%d (%s) reads the decoded %%%d but is no split grouped_mlp_bwd", r, ir_ops[g->nodes[r].op].name, id);
+            CHECK(last[n->in[0]] >= r, "%%%d decodes %%%d, which is freed after %%%d", r, n->in[0], last[n->in[0]]);
+          }
+    }
   }
   if (!blas) CHECK(!counts[VIEW_SPLIT] && !counts[VIEW_PIECE], "%s: a split without cuBLASLt", precision);
   printf("%-18s fp8 %s blas %d: %d windows, %d aliases, %d cast views, %d slabs, %d strided, %d stacked (%d casts), "
-         "%d split (%d pieces)\n",
+         "%d split (%d pieces), %d decoded\n",
          precision, fp8_on ? "on " : "off", blas, counts[VIEW_WINDOW], counts[VIEW_ALIAS], counts[VIEW_CAST], counts[VIEW_SLAB],
-         counts[VIEW_STRIDED], counts[VIEW_STACKED], counts[VIEW_IN_STACK], counts[VIEW_SPLIT], counts[VIEW_PIECE]);
+         counts[VIEW_STRIDED], counts[VIEW_STACKED], counts[VIEW_IN_STACK], counts[VIEW_SPLIT], counts[VIEW_PIECE],
+         counts[VIEW_DECODE]);
   free(view);
   free(last);
   gpu_fp8_plan_free(&p);
@@ -158,6 +169,8 @@ int main(void) {
   check_plan("mxfp8(block=128)", 1, 1, c);
   CHECK(c[VIEW_SPLIT] == 2 && c[VIEW_PIECE] == 2 * 3 && c[VIEW_CAST] == 0 && c[VIEW_ALIAS] == 2 * 2,
         "mxfp8(block=128) with FP8 on cuBLASLt: the pieces' casts (cast views before) are aliases");
+  /* and the stored gate_up of each layer is decoded by its split backward, never expanded */
+  CHECK(c[VIEW_DECODE] == 2, "mxfp8(block=128) with FP8 on cuBLASLt: %d decoded gate_ups, want 2", c[VIEW_DECODE]);
   if (failures) {
     printf("test_views_plan: %d failures\n", failures);
     return 1;
