@@ -217,6 +217,8 @@ struct gpu_exec {
   int adamw_single;       /* MOEC_ADAMW_MULTI=0: one launch per parameter */
   int aw_from, aw_until;  /* this step's AdamW run (aw_from, aw_until] was done by the launch at aw_from */
   int32_t **hcounts;      /* (n_nodes) host copies of expert-count values, downloaded once per step */
+  void **cpin, **cev;     /* (n_nodes) an expert_counts' page-locked copy, queued as it is made, and its event */
+  uint8_t *cpending;      /* (n_nodes) 1: that copy is queued this step, not yet read */
   gpu_fp8_plan fp8;       /* which expert GEMMs run in FP8 (MOEC_FP8_GEMM=0: none) */
   gpu_wgmma *wgmma;       /* their kernel: device-driven wgmma (MOEC_FP8_GEMM=wgmma), or NULL: cuBLASLt per expert */
   uint8_t *view;          /* (n_nodes) gpu_view: a value read through its input (gpu_views.h) */
@@ -939,10 +941,21 @@ static int need_f32(gx *x, int id, int v, const char *what) {
   return x->g->nodes[v].type.dtype == DT_F32 ? 0 : fail(x, id, "%s must be f32 on the GPU", what);
 }
 
+/* The counts' host copy is queued right behind the kernel that makes them: by the time a
+ * grouped GEMM on cuBLASLt needs them (host_counts), the GPU has them on their way and still has
+ * the layer's permute and quantizes to run, instead of draining its queue at a blocking copy. */
 static int exec_EXPERT_COUNTS(gx *x, int id) {
   const dev_value *idx = V(id, 0);
-  if (alloc_out(x, id, N(id)->type.dims[0], 0)) return -1;
-  return ck(x, id, rt_cuda_expert_counts(KX, idx->p, idx->rows, INCOLS(id, 0), N(id)->type.dims[0], x->val[id].p));
+  const int64_t E = N(id)->type.dims[0];
+  if (alloc_out(x, id, E, 0)) return -1;
+  if (ck(x, id, rt_cuda_expert_counts(KX, idx->p, idx->rows, INCOLS(id, 0), E, x->val[id].p))) return -1;
+  if (x->grouped_device) return 0; /* no host copy wanted */
+  gpu_ctx *g = x->rt->g;
+  if ((!x->cpin[id] && gpu_alloc_host(g, &x->cpin[id], (size_t)E * 4)) || (!x->cev[id] && gpu_event_new(g, &x->cev[id])) ||
+      gpu_download_async(g, x->cpin[id], x->val[id].p, (size_t)E * 4) || gpu_event_record(g, x->cev[id]))
+    return fail(x, id, "%s", gpu_error(g));
+  x->cpending[id] = 1;
+  return 0;
 }
 
 static int exec_EXPERT_SORT(gx *x, int id) {
@@ -1055,7 +1068,14 @@ static const int32_t *host_counts(gx *x, int id, int v, int64_t S) {
     int64_t E = x->val[v].numel, sum = 0;
     int32_t *c = malloc((size_t)(E > 0 ? E : 1) * sizeof *c);
     if (!c) return fail(x, id, "out of host memory"), NULL;
-    if (gpu_download(x->rt->g, c, x->val[v].p, (size_t)E * sizeof *c) != 0) {
+    if (x->cpending[v]) { /* queued by exec_EXPERT_COUNTS */
+      x->cpending[v] = 0;
+      if (gpu_event_wait(x->rt->g, x->cev[v]) != 0) {
+        free(c);
+        return fail(x, id, "%s", gpu_error(x->rt->g)), NULL;
+      }
+      memcpy(c, x->cpin[v], (size_t)E * sizeof *c);
+    } else if (gpu_download(x->rt->g, c, x->val[v].p, (size_t)E * sizeof *c) != 0) {
       free(c);
       return fail(x, id, "%s", gpu_error(x->rt->g)), NULL;
     }
@@ -1605,9 +1625,10 @@ gpu_exec *gpu_exec_new(gpu_runtime *rt, const ir_graph *g, char *err, size_t err
     }
   }
   x->hcounts = calloc(n, sizeof *x->hcounts);
+  x->cpin = calloc(n, sizeof *x->cpin), x->cev = calloc(n, sizeof *x->cev), x->cpending = calloc(n, 1);
   x->ep_all = calloc(n, sizeof *x->ep_all);
   x->view = calloc(n, 1);
-  if (!x->hcounts || !x->ep_all || !x->view) {
+  if (!x->hcounts || !x->cpin || !x->cev || !x->cpending || !x->ep_all || !x->view) {
     snprintf(err, errlen, "out of host memory");
     gpu_exec_free(x);
     return NULL;
@@ -1641,6 +1662,9 @@ void gpu_exec_free(gpu_exec *x) {
   routes_release(x);
   hcounts_release(x);
   free(x->hcounts);
+  for (int i = 0; x->cpin && i < x->g->n_nodes; i++) gpu_free_host(x->rt->g, x->cpin[i]);
+  for (int i = 0; x->cev && i < x->g->n_nodes; i++) gpu_event_free(x->rt->g, x->cev[i]);
+  free(x->cpin), free(x->cev), free(x->cpending);
   free(x->ep_all);
   free(x->view);
   gpu_free(x->rt->g, x->tokens);

@@ -59,6 +59,8 @@ enum { CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8 };
   X(MemGetInfo, "cuMemGetInfo_v2", NULL, CUresult, (size_t *, size_t *))                     \
   X(MemAlloc, "cuMemAlloc_v2", NULL, CUresult, (CUdeviceptr *, size_t))                      \
   X(MemFree, "cuMemFree_v2", NULL, CUresult, (CUdeviceptr))                                  \
+  X(MemAllocHost, "cuMemAllocHost_v2", "cuMemAllocHost", CUresult, (void **, size_t))        \
+  X(MemFreeHost, "cuMemFreeHost", NULL, CUresult, (void *))                                  \
   X(MemcpyHtoDAsync, "cuMemcpyHtoDAsync_v2", NULL, CUresult,                                 \
     (CUdeviceptr, const void *, size_t, CUstream))                                           \
   X(MemcpyDtoHAsync, "cuMemcpyDtoHAsync_v2", NULL, CUresult,                                 \
@@ -406,6 +408,34 @@ int gpu_download(gpu_ctx *g, void *dst, gpu_ptr src, size_t bytes) {
   if (!bytes) return 0;
   CALL(g, cu.MemcpyDtoHAsync(dst, src, bytes, g->stream), "cuMemcpyDtoHAsync");
   return gpu_sync(g);
+}
+
+int gpu_alloc_host(gpu_ctx *g, void **p, size_t bytes) {
+  *p = NULL;
+  CALL(g, cu.MemAllocHost(p, bytes ? bytes : 1), "cuMemAllocHost (page-locked host memory)");
+  return 0;
+}
+
+void gpu_free_host(gpu_ctx *g, void *p) {
+  (void)g;
+  if (p) cu.MemFreeHost(p);
+}
+
+int gpu_download_async(gpu_ctx *g, void *dst, gpu_ptr src, size_t bytes) {
+  if (!bytes) return 0;
+  CALL(g, cu.MemcpyDtoHAsync(dst, src, bytes, g->stream), "cuMemcpyDtoHAsync");
+  return 0;
+}
+
+int gpu_event_wait(gpu_ctx *g, void *ev) {
+  CUresult r = cu.EventSynchronize(ev);
+  if (r != CUDA_SUCCESS) {
+    char rs[256];
+    fmt(g->err, sizeof g->err, "waiting for the GPU (last kernel launched: %s) failed (%s)",
+        g->last_kernel ? g->last_kernel : "none", gpu_result_string(r, rs, sizeof rs));
+    return -1;
+  }
+  return 0;
 }
 
 int gpu_copy(gpu_ctx *g, gpu_ptr dst, gpu_ptr src, size_t bytes) {

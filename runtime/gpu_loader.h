@@ -84,6 +84,12 @@ void gpu_oom_message(char *buf, size_t len, const char *what, size_t asked, size
 int gpu_upload(gpu_ctx *g, gpu_ptr dst, const void *src, size_t bytes);
 int gpu_download(gpu_ctx *g, void *dst, gpu_ptr src, size_t bytes);
 int gpu_copy(gpu_ctx *g, gpu_ptr dst, gpu_ptr src, size_t bytes);
+/* Page-locked host memory, which a queued download (gpu_download_async: no wait; record an
+ * event after it and gpu_event_wait for it) fills while the host goes on. */
+int gpu_alloc_host(gpu_ctx *g, void **p, size_t bytes);
+void gpu_free_host(gpu_ctx *g, void *p);
+int gpu_download_async(gpu_ctx *g, void *dst, gpu_ptr src, size_t bytes);
+int gpu_event_wait(gpu_ctx *g, void *ev); /* until the work before the event is done; reports a failure */
 int gpu_memset8(gpu_ctx *g, gpu_ptr dst, unsigned char value, size_t count);
 int gpu_memset32(gpu_ctx *g, gpu_ptr dst, uint32_t value, size_t count);
 int gpu_sync(gpu_ctx *g); /* waits for the stream; reports a failed kernel by name */

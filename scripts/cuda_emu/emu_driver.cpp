@@ -260,6 +260,11 @@ CUresult cuMemFree_v2(CUdeviceptr p) {
 }
 CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr d, const void *s, size_t n, void *) { memcpy((void *)d, s, n); return OK; }
 CUresult cuMemcpyDtoHAsync_v2(void *d, CUdeviceptr s, size_t n, void *) { memcpy(d, (void *)s, n); return OK; }
+CUresult cuMemAllocHost_v2(void **p, size_t n) { return (*p = malloc(n ? n : 1)) ? OK : E_OOM; }
+CUresult cuMemFreeHost(void *p) {
+  free(p);
+  return OK;
+}
 CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr d, CUdeviceptr s, size_t n, void *) { memmove((void *)d, (void *)s, n); return OK; }
 CUresult cuMemsetD8Async(CUdeviceptr d, unsigned char v, size_t n, void *) { memset((void *)d, v, n); return OK; }
 CUresult cuMemsetD32Async(CUdeviceptr d, unsigned v, size_t n, void *) {
