@@ -46,7 +46,8 @@
 #          test_gpu_wgmma bench_grouped_gemm; do cp build/$f .dev/carry/ && strip .dev/carry/$f;
 #          done && cp ../shared/peers/hf_mixtral_bench.py .dev/carry/
 #          (carry .dev; with the working tree it must stay under 64 MiB: ~42 MB here)
-#   there: WGV="0 3" OUT=$OUT bash bench/gpu_session.sh .dev/carry wgmma og2fp8 fp8wg
+#   there: OUT=$OUT bash bench/gpu_session.sh .dev/carry kernels steptiny genos fp8wg, then
+#          WGV="0 3" OUT=$OUT bash bench/gpu_session.sh .dev/carry wgmma og2 og2fp8
 set -u
 C=$(cd "${1:-.dev/carry}" && pwd)
 shift
