@@ -1322,22 +1322,17 @@ static int exec_GROUPED_MLP(gx *x, int id) {
   if (x->fp8.site[id]) {
     /* gate_up = xs . w_gu[e] and y = act . w_down[e] in FP8, act quantized here (128-shared) */
     int64_t S = a->rows, W = H + 2 * F;
-    gpu_ptr counts = V(id, 3)->p, gu = x->val[id].p + (gpu_ptr)((size_t)H * dsize(N(id)->type.dtype)), act = 0, qa = 0, ca = 0,
-            sfa = 0;
-    size_t act_bytes = (size_t)(S * F) * dsize(N(id)->type.dtype) + 4, qa_bytes = (size_t)((S + 16) * F),
-           ca_bytes = (size_t)(S * F / mx_block) + 4, sfa_bytes = (size_t)((S + 16 * E) * (F / 128) + 4 * E) * 4;
-    int rc = pool_buf(x, id, act_bytes, &act) || pool_buf(x, id, qa_bytes, &qa) || pool_buf(x, id, ca_bytes, &ca) ||
-                     pool_buf(x, id, sfa_bytes, &sfa)
-                 ? -1
-                 : 0;
+    gpu_ptr counts = V(id, 3)->p, gu = x->val[id].p + (gpu_ptr)((size_t)H * dsize(N(id)->type.dtype)), qa = 0, ca = 0, sfa = 0;
+    size_t qa_bytes = (size_t)((S + 16) * F), ca_bytes = (size_t)(S * F / mx_block) + 4,
+           sfa_bytes = (size_t)((S + 16 * E) * (F / 128) + 4 * E) * 4;
+    int rc = pool_buf(x, id, qa_bytes, &qa) || pool_buf(x, id, ca_bytes, &ca) || pool_buf(x, id, sfa_bytes, &sfa) ? -1 : 0;
     if (rc == 0) rc = fp8_site_gemm(x, id, 0, 1, E, N(id)->in[3], S, 2 * F, H, to, gu, W);
-    if (rc == 0) rc = ck(x, id, rt_cuda_mlp_act(KX, to, gu, W, V(id, 4)->p, act, S, F));
-    if (rc == 0) rc = ck(x, id, rt_cuda_mxfp8_quantize(KX, to, act, S, F, mx_block, 1, qa, ca));
+    /* act = p silu(g) u, rounded to `to`, quantized in the same pass: no act in memory */
+    if (rc == 0) rc = ck(x, id, rt_cuda_mxfp8_quantize_act(KX, to, gu, W, V(id, 4)->p, S, F, mx_block, 1, qa, ca));
     if (rc == 0) rc = ck(x, id, rt_cuda_mxfp8_scales_vec128(KX, ca, S, F, mx_block, counts, E, 0, sfa));
     const dev_value *qd = &x->val[QOF(id, 2)];
     if (rc == 0) rc = fp8_gemm_rows(x, id, N(id)->in[3], E, S, H, F, qa, sfa, qd->q8, qd->s8, to, x->val[id].p, W);
-    if (act) pool_put(x->rt, act); /* those obtained; stream order keeps them for the queued work */
-    if (qa) pool_put(x->rt, qa);
+    if (qa) pool_put(x->rt, qa); /* those obtained; stream order keeps them for the queued work */
     if (ca) pool_put(x->rt, ca);
     if (sfa) pool_put(x->rt, sfa);
     return rc;

@@ -254,6 +254,10 @@ int rt_cuda_mxfp8_quantize(rt_cuda *k, cg_dtype t, gpu_ptr x /* (rows, cols) */,
  * when round_bf16 (a cast f32 -> bf16 that the quantize reads through, never written). */
 int rt_cuda_mxfp8_quantize_win(rt_cuda *k, cg_dtype t, gpu_ptr x, int64_t ldx, int64_t sx, int round_bf16, int64_t rows,
                                int64_t cols, int64_t block, int share128, gpu_ptr q, gpu_ptr scale);
+/* rt_cuda_mlp_act into act (S, F), stored as t, then rt_cuda_mxfp8_quantize of act, in one pass
+ * (act never in memory): the same q and scale bit for bit. */
+int rt_cuda_mxfp8_quantize_act(rt_cuda *k, cg_dtype t, gpu_ptr gu, int64_t ldg, gpu_ptr probs, int64_t S, int64_t F,
+                               int64_t block, int share128, gpu_ptr q, gpu_ptr scale);
 /* The column-wise copy: quantizes x^T, i.e. qt (cols, rows), scale_t (cols, rows/block). */
 int rt_cuda_mxfp8_quantize_cols(rt_cuda *k, cg_dtype t, gpu_ptr x /* (rows, cols) */, int64_t rows, int64_t cols,
                                 int64_t block, int share128, gpu_ptr qt, gpu_ptr scale_t);

@@ -616,6 +616,21 @@ int rt_cuda_mxfp8_quantize_win(rt_cuda *k, cg_dtype t, gpu_ptr x, int64_t ldx, i
                     ARGS(&x, &q, &scale, &ngroups, &gpr, &ldx, &sx, &rb));
 }
 
+int rt_cuda_mxfp8_quantize_act(rt_cuda *k, cg_dtype t, gpu_ptr gu, int64_t ldg, gpu_ptr probs, int64_t S, int64_t F,
+                               int64_t block, int share128, gpu_ptr q, gpu_ptr scale) {
+  if (mx_check(k, "mxfp8_quantize_act", F, block, share128)) return -1;
+  if (ldg < 2 * F)
+    return rtk_fail(k, "mxfp8_quantize_act: gate_up rows %lld apart, narrower than 2F = %lld (%s)", (long long)ldg,
+                    (long long)(2 * F), ck_strerror(CK_ESHAPE));
+  const cg_variant v = {(int)block, share128 != 0};
+  int64_t group = share128 ? 128 : block, tpg = mx_tpg(group), ngroups = S * (F / group);
+  char name[64];
+  KN("mxfp8_quantize_act", 1, t);
+  /* QR_U = 4 chunks (of 8 elements) a thread, as mxfp8_quantize */
+  return rtk_launch(k, CG_FAM_MXFP8, &v, name, rtk_blocks(ngroups * tpg, CG_NT_MX * 4), 1, CG_NT_MX,
+                    ARGS(&gu, &ldg, &probs, &F, &q, &scale, &ngroups));
+}
+
 int rt_cuda_mxfp8_quantize_cols(rt_cuda *k, cg_dtype t, gpu_ptr x, int64_t rows, int64_t cols, int64_t block,
                                 int share128, gpu_ptr qt, gpu_ptr scale_t) {
   if (mx_check(k, "mxfp8_quantize_cols", rows, block, share128)) return -1;

@@ -253,6 +253,37 @@ static void test_mlp_bwd_split_mx(cg_dtype t) {
   dfree_all();
 }
 
+/* The activation quantized in one pass (grouped_mlp's FP8 path) must be, byte for byte, the
+ * activation stored (mlp_act) and then quantized (mxfp8_quantize, 128-shared blocks of 32), on
+ * gate_up read as a window of a wider row; a NaN checks the NaN group. */
+static void test_quantize_act(cg_dtype t) {
+  const int64_t F = 256, ldg = 2 * F + 40;
+  float *gu = rnd(S * ldg, -3, 3, t), *p = rnd(S, 0.1f, 1, CG_DT_F32);
+  gu[5 * ldg + 7] = NAN;
+  gpu_ptr dgu = up_f(gu, S * ldg, t), dp = up_f(p, S, CG_DT_F32), act = dmalloc((size_t)(S * F) * dts(t));
+  gpu_ptr q1 = dmalloc((size_t)(S * F)), c1 = dmalloc((size_t)(S * F / 32)), q2 = dmalloc((size_t)(S * F)),
+          c2 = dmalloc((size_t)(S * F / 32));
+  const gpu_ptr window = dgu + (gpu_ptr)(16 * dts(t));
+  RUN(rt_cuda_mlp_act(K, t, window, ldg, dp, act, S, F));
+  RUN(rt_cuda_mxfp8_quantize(K, t, act, S, F, 32, 1, q1, c1));
+  RUN(rt_cuda_mxfp8_quantize_act(K, t, window, ldg, dp, S, F, 32, 1, q2, c2));
+  uint8_t *a1 = malloc((size_t)(S * F)), *a2 = malloc((size_t)(S * F)), *s1 = malloc((size_t)(S * F / 32)),
+          *s2 = malloc((size_t)(S * F / 32));
+  download(a1, q1, (size_t)(S * F));
+  download(a2, q2, (size_t)(S * F));
+  download(s1, c1, (size_t)(S * F / 32));
+  download(s2, c2, (size_t)(S * F / 32));
+  CHECK(memcmp(a1, a2, (size_t)(S * F)) == 0 && memcmp(s1, s2, (size_t)(S * F / 32)) == 0,
+        "quantize_act [%s] differs from mlp_act then mxfp8_quantize", cg_dtype_name(t));
+  CHECK(rt_cuda_mxfp8_quantize_act(K, t, window, 2 * F - 2, dp, S, F, 32, 1, q2, c2) != 0,
+        "quantize_act accepted gate_up rows narrower than 2F");
+  printf("  %-44s %6lld values, bit-exact (elements and codes)\n", t == CG_DT_BF16 ? "quantize_act [bf16]" : "quantize_act [f32]",
+         (long long)(S * F));
+  expect_flag("quantize_act", CK_OK);
+  free(gu), free(p), free(a1), free(a2), free(s1), free(s2);
+  dfree_all();
+}
+
 int main(void) {
   double t0 = ck_now();
   uint64_t seed;
@@ -267,6 +298,7 @@ int main(void) {
     test_grouped_mlp((cg_dtype)t);
     test_mlp_bwd_split((cg_dtype)t);
     test_mlp_bwd_split_mx((cg_dtype)t);
+    test_quantize_act((cg_dtype)t);
   }
   rt_cuda_free(K);
   gpu_close(G);
