@@ -1657,6 +1657,7 @@ void gpu_exec_free(gpu_exec *x) {
   routes_release(x);
   hcounts_release(x);
   free(x->hcounts);
+  if (x->cpin) gpu_sync(x->rt->g); /* no queued copy may still write a page-locked buffer */
   for (int i = 0; x->cpin && i < x->g->n_nodes; i++) gpu_free_host(x->rt->g, x->cpin[i]);
   for (int i = 0; x->cev && i < x->g->n_nodes; i++) gpu_event_free(x->rt->g, x->cev[i]);
   free(x->cpin), free(x->cev), free(x->cpending);
