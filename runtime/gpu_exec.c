@@ -1713,9 +1713,10 @@ int gpu_exec_run(gpu_exec *x, const int32_t *tokens, const int32_t *labels, int6
       for (int j = 0; j < g->nodes[id].n_in; j++) {
         int v = g->nodes[id].in[j];
         if (x->last_use[v] == id) release(x, &x->val[v]);
-        /* a packed quantize lives until the FP8 site that reads it through this dequantize, and
-           the input of a viewed slice until its last cast */
-        if (g->nodes[v].op == OP_MXFP8_DEQUANTIZE && !x->view[v] && x->last_use[g->nodes[v].in[0]] == id)
+        /* a packed quantize lives until the FP8 site (or the decoding split backward) that
+           reads it through this dequantize, and the input of a viewed slice until its last cast */
+        if (g->nodes[v].op == OP_MXFP8_DEQUANTIZE && (!x->view[v] || x->view[v] == VIEW_DECODE) &&
+            x->last_use[g->nodes[v].in[0]] == id)
           release(x, &x->val[g->nodes[v].in[0]]);
         else if (x->view[v] && x->last_use[gpu_view_root(g, x->view, v)] == id)
           release(x, &x->val[gpu_view_root(g, x->view, v)]);
