@@ -3,7 +3,8 @@
 # pick parts whose limits, in brackets, add up to less; starting the machine costs ~2 minutes of
 # the session's device time on top):
 # checks
-#   kernels  test_gpu_kernels against the CPU, test_gpu_nccl (one-rank world)    [210 s]
+#   kernels  test_gpu_kernels against the CPU, test_gpu_nccl (one-rank world) and
+#            test_gpu_fused, where the carry has them                            [270 s]
 #   step     test_gpu_step: tiny and l0_sanity, 20 steps against the CPU        [300 s]
 #   steptiny test_gpu_step on tiny only (MOEC_GPU_STEP_ONLY=tiny)                [120 s]
 #   steptinywg  the same with the FP8 expert GEMMs on the wgmma kernel (MOEC_FP8_GEMM=wgmma) [120 s]
@@ -43,7 +44,7 @@
 # about 8 files come back, so session.log carries every table.
 #   here:  scripts/gpu_bundle.sh build --with-moec && rm -rf .dev/carry && mkdir .dev/carry &&
 #          cp -r build/gpu-carry/gpu-libs .dev/carry/ && for f in moec test_gpu_kernels test_gpu_step
-#          test_gpu_wgmma bench_grouped_gemm; do cp build/$f .dev/carry/ && strip .dev/carry/$f;
+#          test_gpu_fused test_gpu_wgmma bench_grouped_gemm; do cp build/$f .dev/carry/ && strip .dev/carry/$f;
 #          done && cp ../shared/peers/hf_mixtral_bench.py .dev/carry/
 #          (carry .dev; with the working tree it must stay under 64 MiB: ~42 MB here)
 #   there: OUT=$OUT bash bench/gpu_session.sh .dev/carry kernels steptiny genos fp8wg, then
@@ -68,7 +69,11 @@ for part in "${parts[@]}"; do
   kernels)
     timeout 150 "$C/test_gpu_kernels" >"$L/kernels.log" 2>&1; echo "rc $?"
     grep -i "fail\|algorithm cache" "$L/kernels.log" | head -12; tail -1 "$L/kernels.log"
-    timeout 60 "$C/test_gpu_nccl" 2>&1 | tail -3 ;;
+    [ -x "$C/test_gpu_nccl" ] && timeout 60 "$C/test_gpu_nccl" 2>&1 | tail -3
+    if [ -x "$C/test_gpu_fused" ]; then
+      timeout 60 "$C/test_gpu_fused" >"$L/fused.log" 2>&1; echo "test_gpu_fused rc $?"
+      grep -i "fail" "$L/fused.log" | head -8; tail -1 "$L/fused.log"
+    fi ;;
   step | steptiny | steptinywg)
     only=; [ $part != step ] && only=tiny
     f8=${MOEC_FP8_GEMM:-}; [ $part = steptinywg ] && f8=wgmma
