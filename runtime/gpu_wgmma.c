@@ -511,7 +511,8 @@ gpu_wgmma *gpu_wgmma_new(gpu_ctx *g, const char *arch, const char *cache_dir, ch
     }
     if (rc == 0) rc = gpu_set_max_smem(g, w->fn[v], (int)smem);
     /* blocks an SM: shared memory (plus the group table's ~3 KiB and 1 KiB the system keeps
-       a block) and 64 K registers (ptxas: ~220 a thread) */
+       a block) and 64 K registers, at 224 a thread (the cp.async variants use ~220, the TMA
+       ones 168); shared memory is the tighter bound for every variant today */
     int by_smem = (int)(228 * 1024 / (smem + 4096)), by_regs = 65536 / ((int)variant_threads(v) * 224);
     w->blocks_per_sm[v] = by_smem < by_regs ? by_smem : by_regs;
     if (w->blocks_per_sm[v] < 1) w->blocks_per_sm[v] = 1;
