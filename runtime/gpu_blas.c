@@ -157,8 +157,11 @@ typedef struct {
 } lt_call;
 
 static int run_algo(gpu_blas *b, const lt_call *c, const gpu_blas_algo *algo) {
-  return b->api->Matmul(b->handle, c->desc, &c->alpha, c->a, c->la, c->b, c->lb, &c->beta, c->c, c->lc, c->c, c->lc,
-                        algo, (void *)(uintptr_t)b->workspace, b->workspace_bytes, gpu_stream(b->g));
+  const double t0 = gpu_clock_s();
+  int st = b->api->Matmul(b->handle, c->desc, &c->alpha, c->a, c->la, c->b, c->lb, &c->beta, c->c, c->lc, c->c, c->lc,
+                          algo, (void *)(uintptr_t)b->workspace, b->workspace_bytes, gpu_stream(b->g));
+  gpu_note_issue(b->g, t0);
+  return st;
 }
 
 /* Mean GPU time (ms) of TUNE_REPS back-to-back runs of algo; -1 when it refuses or fails. The

@@ -61,7 +61,9 @@ static int execute(gpu_cudnn_attn *c, plan_entry *p, const gpu_ptr bind[BIND_COU
         p->bwd ? "backward" : "forward", (long long)p->s.B, (long long)p->s.seq, (long long)p->s.nh,
         (long long)p->s.nkv, (long long)p->s.hd, n, ws_bytes);
     gpu_note_work(c->g, p->bwd ? "cudnn attention backward" : "cudnn attention forward");
+    const double t0 = gpu_clock_s();
     st = cda_api.Execute(c->handle, p->plan, vp);
+    gpu_note_issue(c->g, t0);
     if (st != CD_STATUS_SUCCESS)
       rc = cda_fail_status(st, err, errlen, "cudnnBackendExecute(attention %s, engine %lld)",
                        p->bwd ? "backward" : "forward", (long long)p->engine);

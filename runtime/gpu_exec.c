@@ -172,6 +172,7 @@ size_t gpu_runtime_peak_bytes(const gpu_runtime *rt) { return gpu_peak_bytes(rt-
 size_t gpu_runtime_peak_used_bytes(const gpu_runtime *rt) { return gpu_peak_used_bytes(rt->g); }
 gpu_ctx *gpu_runtime_ctx(gpu_runtime *rt) { return rt->g; }
 size_t gpu_runtime_live_bytes(const gpu_runtime *rt) { return gpu_used_bytes(rt->g); }
+gpu_host_stats gpu_runtime_host_stats(const gpu_runtime *rt) { return gpu_host_stats_of(rt->g); }
 
 /* ---------------------------------------------------------------- the executor */
 typedef struct {

@@ -36,6 +36,7 @@ size_t gpu_runtime_peak_bytes(const gpu_runtime *rt);
 size_t gpu_runtime_peak_used_bytes(const gpu_runtime *rt);
 /* Device bytes in use by tensors now (held minus the pool's cache and rounding). */
 size_t gpu_runtime_live_bytes(const gpu_runtime *rt);
+gpu_host_stats gpu_runtime_host_stats(const gpu_runtime *rt); /* gpu_loader.h */
 gpu_ctx *gpu_runtime_ctx(gpu_runtime *rt);
 
 gpu_exec *gpu_exec_new(gpu_runtime *rt, const ir_graph *g, char *err, size_t errlen);

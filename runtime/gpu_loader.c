@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 /* ---- cuda.h, CUDA 13.0 ---- */
 typedef int CUresult; /* enum cudaError_enum */
@@ -119,6 +120,7 @@ struct gpu_ctx {
   struct alloc_rec *recs; /* (n_recs) live allocations, for gpu_free's accounting */
   size_t n_recs, cap_recs;
   const char *last_kernel; /* the last launch, named when a later sync fails */
+  gpu_host_stats hs;       /* the host's time blocked on the GPU and in queueing work */
   gpu_work_hook work_hook;  /* MOEC_PROFILE=kernels */
   void *work_hook_ud;
   char err[1024];
@@ -387,8 +389,25 @@ void gpu_free(gpu_ctx *g, gpu_ptr p) {
   cu.MemFree(p);
 }
 
+double gpu_clock_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+gpu_host_stats gpu_host_stats_of(const gpu_ctx *g) { return g->hs; }
+
+void gpu_note_issue(gpu_ctx *g, double t0) {
+  const double dt = gpu_clock_s() - t0;
+  g->hs.issue_s += dt;
+  g->hs.issues++;
+  if (dt > 50e-6) g->hs.slow_issues++, g->hs.slow_s += dt;
+}
+
 int gpu_sync(gpu_ctx *g) {
+  const double t0 = gpu_clock_s();
   CUresult r = cu.StreamSynchronize(g->stream);
+  g->hs.wait_s += gpu_clock_s() - t0;
   if (r != CUDA_SUCCESS) {
     char rs[256], what[160];
     fmt(what, sizeof what, "the GPU stream (last kernel launched: %s)", g->last_kernel ? g->last_kernel : "none");
@@ -423,12 +442,16 @@ void gpu_free_host(gpu_ctx *g, void *p) {
 
 int gpu_download_async(gpu_ctx *g, void *dst, gpu_ptr src, size_t bytes) {
   if (!bytes) return 0;
+  const double t0 = gpu_clock_s(); /* queued work: may block on a full queue */
   CALL(g, cu.MemcpyDtoHAsync(dst, src, bytes, g->stream), "cuMemcpyDtoHAsync");
+  gpu_note_issue(g, t0);
   return 0;
 }
 
 int gpu_event_wait(gpu_ctx *g, void *ev) {
+  const double t0 = gpu_clock_s();
   CUresult r = cu.EventSynchronize(ev);
+  g->hs.wait_s += gpu_clock_s() - t0;
   if (r != CUDA_SUCCESS) {
     char rs[256];
     fmt(g->err, sizeof g->err, "waiting for the GPU (last kernel launched: %s) failed (%s)",
@@ -440,19 +463,25 @@ int gpu_event_wait(gpu_ctx *g, void *ev) {
 
 int gpu_copy(gpu_ctx *g, gpu_ptr dst, gpu_ptr src, size_t bytes) {
   if (!bytes) return 0;
+  const double t0 = gpu_clock_s(); /* queued work: may block on a full queue */
   CALL(g, cu.MemcpyDtoDAsync(dst, src, bytes, g->stream), "cuMemcpyDtoDAsync");
+  gpu_note_issue(g, t0);
   return 0;
 }
 
 int gpu_memset8(gpu_ctx *g, gpu_ptr dst, unsigned char v, size_t n) {
   if (!n) return 0;
+  const double t0 = gpu_clock_s(); /* queued work: may block on a full queue */
   CALL(g, cu.MemsetD8Async(dst, v, n, g->stream), "cuMemsetD8Async");
+  gpu_note_issue(g, t0);
   return 0;
 }
 
 int gpu_memset32(gpu_ctx *g, gpu_ptr dst, uint32_t v, size_t n) {
   if (!n) return 0;
+  const double t0 = gpu_clock_s(); /* queued work: may block on a full queue */
   CALL(g, cu.MemsetD32Async(dst, v, n, g->stream), "cuMemsetD32Async");
+  gpu_note_issue(g, t0);
   return 0;
 }
 
@@ -495,7 +524,9 @@ int gpu_launch(gpu_ctx *g, void *fn, const char *name, const unsigned grid[3], c
   g->last_kernel = name;
   if (grid[0] == 0 || grid[1] == 0 || grid[2] == 0) return 0; /* nothing to do: not an error */
   gpu_note_work(g, name);
+  const double t0 = gpu_clock_s();
   CUresult r = cu.LaunchKernel(fn, grid[0], grid[1], grid[2], block[0], block[1], block[2], smem, g->stream, args, NULL);
+  gpu_note_issue(g, t0);
   if (r != CUDA_SUCCESS) {
     char what[256];
     fmt(what, sizeof what, "launching %s (grid %u,%u,%u block %u,%u,%u smem %u)", name, grid[0], grid[1], grid[2],
@@ -551,7 +582,9 @@ int gpu_event_new(gpu_ctx *g, void **ev) {
 }
 
 int gpu_event_record(gpu_ctx *g, void *ev) {
+  const double t0 = gpu_clock_s(); /* queued work: may block on a full queue */
   CALL(g, cu.EventRecord(ev, g->stream), "cuEventRecord");
+  gpu_note_issue(g, t0);
   return 0;
 }
 

@@ -74,6 +74,17 @@ size_t gpu_held_bytes(const gpu_ctx *g); /* bytes held by gpu_alloc now */
 void gpu_note_idle(gpu_ctx *g, ptrdiff_t delta);
 size_t gpu_used_bytes(const gpu_ctx *g);      /* held - idle now */
 size_t gpu_peak_used_bytes(const gpu_ctx *g); /* the most held - idle at once */
+/* Where the host's time goes, summed since the context began: blocked in gpu_sync and
+ * gpu_event_wait (and the synchronous copies built on them), and in the calls that queue GPU
+ * work (kernel launches, cuBLASLt, cuDNN), of which those over 50 us mostly waited for room in
+ * the driver's queue (the GPU behind). A step that waits little in either is bound by the host. */
+typedef struct {
+  double wait_s, issue_s, slow_s;
+  long issues, slow_issues;
+} gpu_host_stats;
+gpu_host_stats gpu_host_stats_of(const gpu_ctx *g);
+double gpu_clock_s(void);
+void gpu_note_issue(gpu_ctx *g, double t0); /* a call that queued work returned; it began at t0 */
 /* Formats the out-of-memory message (used by gpu_alloc; public for the memory planner,
  * which checks its predicted peak before allocating anything). */
 void gpu_oom_message(char *buf, size_t len, const char *what, size_t asked, size_t free_bytes,

@@ -15,6 +15,11 @@ struct gpu_profile {
   double *node_ms;    /* (n_nodes) GPU time, summed over counted steps */
   double *host_t;     /* (n_nodes + 1) host clock at each mark this step, ms */
   double *host_ms;    /* (n_nodes) host time spent submitting the op, summed */
+  /* MOEC_PROFILE=host: no events (the GPU's timeline untouched); the host's time per op split
+   * into queueing work, waiting for the GPU, and moec's own work (gpu_host_stats) */
+  int host_only;
+  gpu_host_stats *hs_t; /* (n_nodes + 1) at each mark this step */
+  double *issue_ms, *wait_ms; /* (n_nodes) summed */
   int steps, skip, seen;
   /* MOEC_PROFILE=kernels: an event before each launch or library call as well (gpu_work_hook),
    * each interval charged to the work that starts it; an op's mark starts a "(gap)" interval,
@@ -64,14 +69,16 @@ gpu_profile *gpu_profile_from_env(gpu_ctx *g, const ir_graph *graph) {
   int n = graph->n_nodes + 1;
   if (!p || !(p->ev = calloc((size_t)n, sizeof *p->ev)) || !(p->hit = calloc((size_t)n, 1)) ||
       !(p->node_ms = calloc((size_t)n, sizeof *p->node_ms)) || !(p->host_t = calloc((size_t)n, sizeof *p->host_t)) ||
-      !(p->host_ms = calloc((size_t)n, sizeof *p->host_ms))) {
+      !(p->host_ms = calloc((size_t)n, sizeof *p->host_ms)) || !(p->hs_t = calloc((size_t)n, sizeof *p->hs_t)) ||
+      !(p->issue_ms = calloc((size_t)n, sizeof *p->issue_ms)) || !(p->wait_ms = calloc((size_t)n, sizeof *p->wait_ms))) {
     gpu_profile_free(p);
     return NULL;
   }
   p->g = g;
   p->graph = graph;
   p->skip = 2;
-  for (int i = 0; i < n; i++)
+  p->host_only = strcmp(e, "host") == 0;
+  for (int i = 0; i < n && !p->host_only; i++)
     if (gpu_event_new(g, &p->ev[i]) != 0) {
       gpu_profile_free(p);
       return NULL;
@@ -89,6 +96,11 @@ static double now_ms(void) {
 void gpu_profile_mark(gpu_profile *p, int id) {
   if (!p) return;
   p->host_t[id] = now_ms();
+  p->hs_t[id] = gpu_host_stats_of(p->g);
+  if (p->host_only) {
+    p->hit[id] = 1;
+    return;
+  }
   if (gpu_event_record(p->g, p->ev[id]) == 0) p->hit[id] = 1;
   if (!p->kernels) return;
   /* the hook is this step's alone: a second executor (validation) keeps its own profile */
@@ -104,8 +116,12 @@ void gpu_profile_step_done(gpu_profile *p) {
     for (int i = 0; i <= n; i++) {
       if (!p->hit[i]) continue;
       float ms = 0;
-      if (prev >= 0 && gpu_event_elapsed(p->g, p->ev[prev], p->ev[i], &ms) == 0) p->node_ms[prev] += ms;
-      if (prev >= 0) p->host_ms[prev] += p->host_t[i] - p->host_t[prev];
+      if (prev >= 0 && !p->host_only && gpu_event_elapsed(p->g, p->ev[prev], p->ev[i], &ms) == 0) p->node_ms[prev] += ms;
+      if (prev >= 0) {
+        p->host_ms[prev] += p->host_t[i] - p->host_t[prev];
+        p->issue_ms[prev] += 1e3 * (p->hs_t[i].issue_s - p->hs_t[prev].issue_s);
+        p->wait_ms[prev] += 1e3 * (p->hs_t[i].wait_s - p->hs_t[prev].wait_s);
+      }
       prev = i;
     }
     for (int i = 0; i + 1 < p->kn; i++) {
@@ -132,8 +148,38 @@ static int by_time_desc(const void *a, const void *b) {
   return (x < y) - (x > y);
 }
 
+/* MOEC_PROFILE=host's table: per op kind, the host's time split three ways, by own work. */
+static void print_host(const gpu_profile *p, FILE *out) {
+  int n = p->graph->n_nodes;
+  double host[OP_COUNT] = {0}, issue[OP_COUNT] = {0}, wait[OP_COUNT] = {0}, own[OP_COUNT] = {0}, t[4] = {0};
+  int op_n[OP_COUNT] = {0};
+  for (int i = 0; i < n; i++) {
+    int o = p->graph->nodes[i].op;
+    host[o] += p->host_ms[i] / p->steps, issue[o] += p->issue_ms[i] / p->steps, wait[o] += p->wait_ms[i] / p->steps;
+    op_n[o]++;
+  }
+  for (int o = 0; o < OP_COUNT; o++) {
+    own[o] = host[o] - issue[o] - wait[o];
+    t[0] += host[o], t[1] += own[o], t[2] += issue[o], t[3] += wait[o];
+  }
+  int order[OP_COUNT];
+  for (int i = 0; i < OP_COUNT; i++) order[i] = i;
+  sort_key = own;
+  qsort(order, OP_COUNT, sizeof order[0], by_time_desc);
+  fprintf(out, "host profile: %.2f ms per step issuing ops: %.2f moec's own work, %.2f queueing GPU work, %.2f waiting "
+               "for the GPU, mean of %d steps (MOEC_PROFILE=host)\n", t[0], t[1], t[2], t[3], p->steps);
+  fprintf(out, "  %-22s %10s %10s %10s %10s %6s\n", "op", "host ms", "own", "queueing", "waiting", "count");
+  for (int k = 0; k < OP_COUNT && host[order[k]] > 0; k++)
+    fprintf(out, "  %-22s %10.3f %10.3f %10.3f %10.3f %6d\n", ir_ops[order[k]].name, host[order[k]], own[order[k]],
+            issue[order[k]], wait[order[k]], op_n[order[k]]);
+}
+
 void gpu_profile_print(const gpu_profile *p, FILE *out) {
   if (!p || p->steps == 0) return;
+  if (p->host_only) {
+    print_host(p, out);
+    return;
+  }
   int n = p->graph->n_nodes;
   double op_ms[OP_COUNT] = {0}, op_host[OP_COUNT] = {0}, total = 0, host = 0;
   int op_n[OP_COUNT] = {0};
@@ -198,6 +244,9 @@ void gpu_profile_free(gpu_profile *p) {
   free(p->hit);
   free(p->node_ms);
   free(p->host_t);
+  free(p->hs_t);
+  free(p->issue_ms);
+  free(p->wait_ms);
   free(p->host_ms);
   free(p);
 }

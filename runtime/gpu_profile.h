@@ -7,6 +7,9 @@
  * are not counted. The host clock at each mark gives the time spent issuing each op.
  * gpu_profile_print writes one table: total per op kind, then the slowest
  * single ops with their source location.
+ * MOEC_PROFILE=host records no events: it splits the host's time per op into moec's own work,
+ * queueing GPU work (launches, cuBLASLt, cuDNN) and waiting for the GPU (gpu_host_stats), to
+ * find what bounds a step whose GPU waits for the host.
  */
 #ifndef MOEC_GPU_PROFILE_H
 #define MOEC_GPU_PROFILE_H

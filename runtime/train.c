@@ -450,10 +450,16 @@ static int train_rank(rank_ctx *r) {
   double t0 = now_s(), loss = NAN, val = NAN;
   int64_t first = ps->step;
   size_t held_between = 0; /* device bytes in use after a step: weights, moments, bf16 copies, batch */
+  /* steps past the first two (kernel compiles, cuBLASLt's heuristics): their time, and where the
+     host's went (gpu_host_stats) */
+  double timed_s = 0;
+  gpu_host_stats hs_sum = {0};
+  int64_t timed_steps = 0;
   rc = 0;
   while (ps->step < end) {
     int64_t s = ps->step + 1;
     double ts = now_s(), gnorm = 0;
+    const gpu_host_stats hs0 = ex.rt ? gpu_runtime_host_stats(ex.rt) : (gpu_host_stats){0};
     float out[8];
     data_train_rows(d, s - 1, B * r->world, (int64_t)r->rank * B, B, tok, lab);
     if (exec_run(&ex, 0, tok, lab, s, out, &gnorm, err, sizeof err)) {
@@ -464,7 +470,15 @@ static int train_rank(rank_ctx *r) {
     ps->step = s;
     loss = out[0];
     if (ex.rt && gpu_runtime_live_bytes(ex.rt) > held_between) held_between = gpu_runtime_live_bytes(ex.rt);
-    double dt = now_s() - ts, lr = ck_lr_at(s, cfg->steps, cfg->warmup, cfg->lr, cfg->min_lr, cfg->schedule);
+    double dt = now_s() - ts;
+    if (ex.rt && s - first > 2) {
+      const gpu_host_stats h = gpu_runtime_host_stats(ex.rt);
+      hs_sum.wait_s += h.wait_s - hs0.wait_s, hs_sum.issue_s += h.issue_s - hs0.issue_s;
+      hs_sum.slow_s += h.slow_s - hs0.slow_s, hs_sum.issues += h.issues - hs0.issues;
+      hs_sum.slow_issues += h.slow_issues - hs0.slow_issues;
+      timed_s += dt, timed_steps++;
+    }
+    double lr = ck_lr_at(s, cfg->steps, cfg->warmup, cfg->lr, cfg->min_lr, cfg->schedule);
     double tps = (double)(T * r->world) / dt, eta = (now_s() - t0) / (double)(s - first) * (double)(end - s);
     if (!isfinite(loss)) {
       fprintf(msgf, "\nmoec: error: step %lld: the loss is %f; lower the learning rate (--set lr=...) or raise warmup\n",
@@ -527,6 +541,15 @@ static int train_rank(rank_ctx *r) {
     /* the peer's static_gib and step_gib: what stays between steps, and what a step adds on top */
     fprintf(msgf, "GPU memory held between steps: %s; step memory (peak - held): %s\n",
             gpu_fmt_bytes(held_between, hb, sizeof hb), gpu_fmt_bytes(peak - held_between, sb, sizeof sb));
+    if (timed_steps) { /* the mean of the steps after the first two */
+      const double n = (double)timed_steps;
+      fprintf(msgf,
+              "host, a step: %.1f ms; %.1f waiting for the GPU, %.1f in %.0f calls queueing work (%.1f in the %.0f "
+              "over 50 us, mostly the queue full), %.1f in moec's own work (little waiting: the host bounds the "
+              "step)\n",
+              1e3 * timed_s / n, 1e3 * hs_sum.wait_s / n, 1e3 * hs_sum.issue_s / n, (double)hs_sum.issues / n,
+              1e3 * hs_sum.slow_s / n, (double)hs_sum.slow_issues / n, 1e3 * timed_s / n - 1e3 * (hs_sum.wait_s + hs_sum.issue_s) / n);
+    }
   }
 done:
   if (logf && fclose(logf) != 0) {
