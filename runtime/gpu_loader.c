@@ -417,15 +417,22 @@ int gpu_sync(gpu_ctx *g) {
   return 0;
 }
 
+/* From pageable memory the copies wait for the stream inside the call: waiting, as the sync. */
 int gpu_upload(gpu_ctx *g, gpu_ptr dst, const void *src, size_t bytes) {
   if (!bytes) return 0;
-  CALL(g, cu.MemcpyHtoDAsync(dst, src, bytes, g->stream), "cuMemcpyHtoDAsync");
+  const double t0 = gpu_clock_s();
+  CUresult r = cu.MemcpyHtoDAsync(dst, src, bytes, g->stream);
+  g->hs.wait_s += gpu_clock_s() - t0;
+  if (r != CUDA_SUCCESS) return fail(g, r, "cuMemcpyHtoDAsync");
   return gpu_sync(g);
 }
 
 int gpu_download(gpu_ctx *g, void *dst, gpu_ptr src, size_t bytes) {
   if (!bytes) return 0;
-  CALL(g, cu.MemcpyDtoHAsync(dst, src, bytes, g->stream), "cuMemcpyDtoHAsync");
+  const double t0 = gpu_clock_s();
+  CUresult r = cu.MemcpyDtoHAsync(dst, src, bytes, g->stream);
+  g->hs.wait_s += gpu_clock_s() - t0;
+  if (r != CUDA_SUCCESS) return fail(g, r, "cuMemcpyDtoHAsync");
   return gpu_sync(g);
 }
 

@@ -191,8 +191,10 @@ static void test_grouped_mlp(cg_dtype t) {
 /* rt_cuda_mlp_bwd_split (the executor's split layout, gpu_views.h) against rt_cuda_mlp_bwd_rows
  * on the same inputs, gate_up read as a window (rows ldg > 2F apart, from column 8): dg | du and
  * act bit for bit the rows' f32 values rounded to bf16 (as the casts it replaces round them);
- * dp to rtol 1e-6 (double sums in another order). */
-static void test_mlp_bwd_split(cg_dtype t) {
+ * dp to rtol 1e-6 (double sums in another order). F = 24 is one 16-byte chunk or less a thread;
+ * F = 2056 gives thread 0 a second chunk past the block's first 2048 columns (the batched loads)
+ * and the others one. */
+static void test_mlp_bwd_split(cg_dtype t, int64_t F) {
   const int64_t ldg = 2 * F + 16, WB = 3 * F + 4;
   float *gu = rnd(S * ldg, -2, 2, t), *dact = rnd(S * F, -1, 1, CG_DT_F32), *p = rnd(S, 0.1f, 1, CG_DT_F32);
   float *rows = falloc(S * WB), *want = falloc(S * 3 * F), *got = falloc(S * 3 * F), *dpw = falloc(S), *dpg = falloc(S);
@@ -209,10 +211,10 @@ static void test_mlp_bwd_split(cg_dtype t) {
   }
   get_f(got, dsplit, S * 3 * F, CG_DT_BF16);
   char what[64];
-  snprintf(what, sizeof what, "mlp_bwd_split dg|du, act (gate_up %s)", cg_dtype_name(t));
+  snprintf(what, sizeof what, "mlp_bwd_split dg|du, act (gate_up %s, F %lld)", cg_dtype_name(t), (long long)F);
   cmp(what, got, want, S * 3 * F, CG_DT_BF16, -1, 0);
   get_f(dpg, dpo, S, CG_DT_F32);
-  snprintf(what, sizeof what, "mlp_bwd_split dp (gate_up %s)", cg_dtype_name(t));
+  snprintf(what, sizeof what, "mlp_bwd_split dp (gate_up %s, F %lld)", cg_dtype_name(t), (long long)F);
   cmp(what, dpg, dpw, S, CG_DT_F32, 1e-6, 1e-6 * maxabs(dpw, S));
   expect_flag("mlp_bwd_split", CK_OK);
   free(gu), free(dact), free(p), free(rows), free(want), free(got), free(dpw), free(dpg);
@@ -296,7 +298,8 @@ int main(void) {
     test_copy_cols((cg_dtype)t);
     for (int w = 0; w < CG_DT_COUNT; w++) test_grouped_gemm((cg_dtype)t, (cg_dtype)w);
     test_grouped_mlp((cg_dtype)t);
-    test_mlp_bwd_split((cg_dtype)t);
+    test_mlp_bwd_split((cg_dtype)t, F);
+    test_mlp_bwd_split((cg_dtype)t, 2056);
     test_mlp_bwd_split_mx((cg_dtype)t);
     test_quantize_act((cg_dtype)t);
   }
