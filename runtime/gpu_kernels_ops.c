@@ -173,7 +173,9 @@ static int rope(rt_cuda *k, cg_dtype t, gpu_ptr x, gpu_ptr y, int64_t T, int64_t
     k->rope.P = P, k->rope.half = half, k->rope.hd = hd, k->rope.theta = theta;
   }
   KN("rope", 1, t);
-  return rtk_launch(k, CG_FAM_ROPE, NULL, name, rtk_blocks(T * nh * half, CG_NT_EW), 1, CG_NT_EW,
+  /* 8 pairs a thread where the kernel takes its 16-byte path (cg_rope.c); its loop covers any grid */
+  const int vec = half % 8 == 0 && x % 16 == 0 && y % 16 == 0;
+  return rtk_launch(k, CG_FAM_ROPE, NULL, name, rtk_blocks(T * nh * half / (vec ? 8 : 1), CG_NT_EW), 1, CG_NT_EW,
                     ARGS(&x, &y, &k->rope.cs, &T, &nh, &hd, &seq, &sign));
 }
 

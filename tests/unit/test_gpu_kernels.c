@@ -199,20 +199,21 @@ static void test_rmsnorm(cg_dtype tx, cg_dtype tw) {
   dfree_all();
 }
 
-static void test_rope(cg_dtype t) {
-  printf("rope [%s] (theta 5e5, seq %d over %d rows):\n", cg_dtype_name(t), SEQ, T);
-  const int64_t n = (int64_t)T * NH * HD;
+/* hd 64: the 16-byte path (8 pairs a thread); hd 12 (half 6): the pair-at-a-time one. */
+static void test_rope(cg_dtype t, int64_t hd) {
+  printf("rope [%s] (theta 5e5, seq %d over %d rows, head dim %lld):\n", cg_dtype_name(t), SEQ, T, (long long)hd);
+  const int64_t n = (int64_t)T * NH * hd;
   float *x = rnd(n, -2, 2, t), *y = falloc(n), *got = falloc(n);
   gpu_ptr dx = up_f(x, n, t), dy = dmalloc((size_t)n * 4);
-  CHECK(ck_rope_fwd(x, y, T, NH, HD, SEQ, 5e5) == CK_OK, "ck_rope_fwd");
-  RUN(rt_cuda_rope_fwd(K, t, dx, dy, T, NH, HD, SEQ, 5e5));
+  CHECK(ck_rope_fwd(x, y, T, NH, hd, SEQ, 5e5) == CK_OK, "ck_rope_fwd");
+  RUN(rt_cuda_rope_fwd(K, t, dx, dy, T, NH, hd, SEQ, 5e5));
   get_f(got, dy, n, t);
   cmp("rope fwd", got, y, n, t, -1, 0);
-  CHECK(ck_rope_bwd(x, y, T, NH, HD, SEQ, 5e5) == CK_OK, "ck_rope_bwd");
-  RUN(rt_cuda_rope_bwd(K, t, dx, dx, T, NH, HD, SEQ, 5e5)); /* in place */
+  CHECK(ck_rope_bwd(x, y, T, NH, hd, SEQ, 5e5) == CK_OK, "ck_rope_bwd");
+  RUN(rt_cuda_rope_bwd(K, t, dx, dx, T, NH, hd, SEQ, 5e5)); /* in place */
   get_f(got, dx, n, t);
   cmp("rope bwd in place", got, y, n, t, -1, 0);
-  CHECK(rt_cuda_rope_fwd(K, t, dx, dy, T, NH, HD - 1, SEQ, 5e5) != 0, "rope accepted an odd head dim");
+  CHECK(rt_cuda_rope_fwd(K, t, dx, dy, T, NH, hd - 1, SEQ, 5e5) != 0, "rope accepted an odd head dim");
   expect_flag("rope", CK_OK);
   free(x), free(y), free(got);
   dfree_all();
@@ -1178,7 +1179,8 @@ int main(void) {
     test_elementwise((cg_dtype)t);
     test_embedding((cg_dtype)t);
     for (int w = 0; w < CG_DT_COUNT; w++) test_rmsnorm((cg_dtype)t, (cg_dtype)w);
-    test_rope((cg_dtype)t);
+    test_rope((cg_dtype)t, HD);
+    test_rope((cg_dtype)t, 12);
     test_route((cg_dtype)t, 1);
     test_route((cg_dtype)t, 0);
     test_cross_entropy((cg_dtype)t);
