@@ -54,7 +54,7 @@ int rt_cuda_expert_permute(rt_cuda *k, cg_dtype t, cg_dtype tw, gpu_ptr x, gpu_p
                            int64_t T, int64_t kk, int64_t H) {
   char name[64];
   KN("expert_permute", 2, t, tw);
-  return rtk_launch(k, FAM, NULL, name, (uint64_t)(T * kk), 1, CG_NT_ROW,
+  return rtk_launch(k, FAM, NULL, name, (uint64_t)(T * kk), 1, rtk_row_threads(H, H % 8 == 0),
                     ARGS(&x, &perm, &w, &xs, &T, &kk, &H, &k->err_flag));
 }
 
@@ -69,7 +69,8 @@ int rt_cuda_expert_unpermute(rt_cuda *k, cg_dtype t, cg_dtype tw, gpu_ptr ys, gp
     return -1;
   char name[64];
   KN("expert_unpermute", 2, t, tw);
-  return rtk_launch(k, FAM, NULL, name, (uint64_t)T, 1, CG_NT_ROW, ARGS(&ys, &inv, &w, &out, &T, &kk, &H, &k->err_flag));
+  return rtk_launch(k, FAM, NULL, name, (uint64_t)T, 1, rtk_row_threads(H, H % 8 == 0),
+                    ARGS(&ys, &inv, &w, &out, &T, &kk, &H, &k->err_flag));
 }
 
 int rt_cuda_expert_weight_grad(rt_cuda *k, cg_dtype ta, cg_dtype tb, gpu_ptr a, gpu_ptr b, gpu_ptr perm, gpu_ptr dw,

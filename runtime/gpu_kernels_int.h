@@ -45,6 +45,13 @@ int rtk_scratch(rt_cuda *k, size_t bytes, gpu_ptr *p);
 static inline uint64_t rtk_blocks(int64_t n, int64_t per) { return n <= 0 ? 0 : (uint64_t)((n + per - 1) / per); }
 /* Blocks of CG_NT_EW threads for an ew_loop kernel over n values (a thread per 8). */
 static inline uint64_t rtk_vec_blocks(int64_t n) { return rtk_blocks((n + 7) / 8, CG_NT_EW); }
+/* Threads for a one-block-per-row kernel whose bulk takes 16-byte chunks of 8 columns: a chunk
+ * each (whole warps, at most CG_NT_ROW), so that no lane idles on short rows and more rows run
+ * at once; CG_NT_ROW where the row is not taken by chunks (vec 0). */
+static inline unsigned rtk_row_threads(int64_t cols, int vec) {
+  int64_t t = ((cols + 7) / 8 + 31) / 32 * 32;
+  return !vec || t >= CG_NT_ROW ? CG_NT_ROW : t < 32 ? 32 : (unsigned)t;
+}
 static inline size_t rtk_align(size_t b) { return (b + 255) & ~(size_t)255; }
 
 #endif

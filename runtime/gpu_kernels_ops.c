@@ -110,7 +110,8 @@ int rt_cuda_rmsnorm_fwd(rt_cuda *k, cg_dtype tx, cg_dtype tw, gpu_ptr x, gpu_ptr
                         float eps) {
   char name[64];
   KN("rmsnorm_fwd", 2, tx, tw);
-  return rtk_launch(k, CG_FAM_RMSNORM, NULL, name, (uint64_t)T, 1, CG_NT_ROW, ARGS(&x, &w, &y, &T, &H, &eps));
+  return rtk_launch(k, CG_FAM_RMSNORM, NULL, name, (uint64_t)T, 1, rtk_row_threads(H, H % 8 == 0),
+                    ARGS(&x, &w, &y, &T, &H, &eps));
 }
 
 int rt_cuda_rmsnorm_bwd(rt_cuda *k, cg_dtype tx, cg_dtype tw, gpu_ptr x, gpu_ptr w, gpu_ptr dy, gpu_ptr dx,
@@ -124,7 +125,8 @@ int rt_cuda_rmsnorm_bwd(rt_cuda *k, cg_dtype tx, cg_dtype tw, gpu_ptr x, gpu_ptr
     rstd = ws;
     part = ws + rstd_bytes;
     KN("rmsnorm_rstd", 1, tx);
-    if (rtk_launch(k, CG_FAM_RMSNORM, NULL, name, (uint64_t)T, 1, CG_NT_ROW, ARGS(&x, &rstd, &T, &H, &eps)) != 0)
+    if (rtk_launch(k, CG_FAM_RMSNORM, NULL, name, (uint64_t)T, 1, rtk_row_threads(H, H % 8 == 0),
+                   ARGS(&x, &rstd, &T, &H, &eps)) != 0)
       return -1;
     KN("rmsnorm_bwd_w_partial", 1, tx);
     if (rtk_launch(k, CG_FAM_RMSNORM, NULL, name, rtk_blocks(H, CG_NT_EW), (uint64_t)P, CG_NT_EW,
@@ -138,7 +140,8 @@ int rt_cuda_rmsnorm_bwd(rt_cuda *k, cg_dtype tx, cg_dtype tw, gpu_ptr x, gpu_ptr
   }
   if (!dx) return 0;
   KN("rmsnorm_bwd_x", 2, tx, tw);
-  return rtk_launch(k, CG_FAM_RMSNORM, NULL, name, (uint64_t)T, 1, CG_NT_ROW, ARGS(&x, &w, &dy, &dx, &T, &H, &eps));
+  return rtk_launch(k, CG_FAM_RMSNORM, NULL, name, (uint64_t)T, 1, rtk_row_threads(H, H % 8 == 0),
+                    ARGS(&x, &w, &dy, &dx, &T, &H, &eps));
 }
 
 static int rope(rt_cuda *k, cg_dtype t, gpu_ptr x, gpu_ptr y, int64_t T, int64_t nh, int64_t hd, int64_t seq,
