@@ -25,7 +25,9 @@
 #   fusedprof genos_1b bf16 fused with MOEC_PROFILE=kernels (+ peer unless genos/fp8prof/fused ran) [150 s]
 #   og2fp8   og2_8x1b mxfp8(block=128) fused (FP8 expert GEMMs) + peer          [240 s]
 #   fp8      genos_1b mxfp8(block=128) fused: FP8 expert GEMMs, then MOEC_FP8_GEMM=0 [300 s]
-#   fp8prof  genos_1b mxfp8(block=128) fused with MOEC_PROFILE=kernels (runs the peer if genos did not) [150 s]
+#   fp8peer  genos_1b mxfp8(block=128) fused (FP8 expert GEMMs) + peer, and the host's time line [200 s]
+#   fp8prof  genos_1b mxfp8(block=128) fused with MOEC_PROFILE=kernels (runs the peer if genos or
+#            fp8peer did not) [150 s]
 #   stack    genos_1b mxfp8(block=128) fused, weights kept stacked and MOEC_STACK_VIEWS=0 (stacks
 #            copied, gradients unstacked), side by side (reuses the peer of genos or fp8prof) [250 s]
 #   ggemm    bench/grouped_gemm.sh: expert GEMMs bf16 / fp8 vs torch._grouped_mm [150 s]
@@ -122,8 +124,11 @@ for part in "${parts[@]}"; do
     peer_from "$L/genos" "$L/fp8"; peer_from "$L/genos" "$L/fp8_off"
     bench LOGDIR=$L/fp8 PEER_SKIP=1 PRECISION='mxfp8(block=128)' MOEC_ARGS=$FUSED_MX timeout 150 bash bench/run_bench.sh genos_1b
     bench LOGDIR=$L/fp8_off PEER_SKIP=1 PRECISION='mxfp8(block=128)' MOEC_ARGS=$FUSED_MX MOEC_FP8_GEMM=0 timeout 150 bash bench/run_bench.sh genos_1b ;;
+  fp8peer)
+    bench LOGDIR=$L/fp8peer PRECISION='mxfp8(block=128)' MOEC_ARGS=$FUSED_MX timeout 200 bash bench/run_bench.sh genos_1b
+    grep "^host" "$L/fp8peer/moec_genos_1b.out" ;;
   fp8prof)
-    peer_from "$L/genos" "$L/fp8prof"
+    peer_from "$L/genos" "$L/fp8prof"; peer_from "$L/fp8peer" "$L/fp8prof"
     bench LOGDIR=$L/fp8prof PEER_SKIP=1 PRECISION='mxfp8(block=128)' MOEC_ARGS=$FUSED_MX MOEC_PROFILE=kernels timeout 150 bash bench/run_bench.sh genos_1b
     grep -A110 "GPU profile" "$L/fp8prof/moec_genos_1b.out" | grep -v "^  %" | head -80 ;;
   fp8wg)
