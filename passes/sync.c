@@ -1,6 +1,6 @@
 /* sync.c -- the collectives after autodiff in a data-parallel step (docs/parallel.md):
  *
- *   g_p' = all_reduce(g_p) {world}   every parameter gradient, before grad_norm and adamw
+ *   g_p' = all_reduce(g_p) {world}   every parameter gradient, right where it is complete
  *                                    ({dp} for expert parameters when ep > 1)
  *   out' = all_reduce(out) {world}   every graph output (the loss shares -> the global loss)
  *
@@ -70,6 +70,9 @@ int pass_sync(ir_graph **gp, FILE *err) {
     const ir_node *n = &g->nodes[id];
     if (n->op != OP_GRAD_NORM && n->op != OP_ADAMW) {
       rw_copy(&r, id);
+      /* a parameter's gradient is reduced where it is complete, not where grad_norm reads it:
+         the executor can then overlap each collective with the backward still to run */
+      if (param_of[id] >= 0 && !r.failed) reduce(&r, id, param_of, reduced, ep);
       continue;
     }
     if (n->op == OP_GRAD_NORM && ep > 1) {

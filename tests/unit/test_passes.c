@@ -287,8 +287,31 @@ static void test_fold_grad_cast(void) {
   }
 }
 
+/* sync: in a dp=2 step each parameter gradient's all_reduce stands right behind the gradient
+ * (so the collective can overlap the rest of the backward), not at grad_norm; every optimizer
+ * operand is one of them. */
+static void test_sync_placement(void) {
+  const moec_set sets[] = {{"hidden", "32"}, {"ffn", "48"}, {"seq", "16"}, {"batch", "2"}, {"dp", "2"}};
+  ir_graph *g = moec_frontend_load("models/tiny.moe", sets, 5, stderr);
+  pipeline_opts o = {.dump = stdout, .train = 1};
+  CHECK(g && pipeline_run(&g, &o, stdout) == 0, "dp=2 step");
+  if (!g) return;
+  int first_opt = g->n_nodes, reads = 0, placed = 0;
+  for (int i = 0; i < g->n_nodes; i++)
+    if ((g->nodes[i].op == OP_ADAMW || g->nodes[i].op == OP_GRAD_NORM) && i < first_opt) first_opt = i;
+  for (int i = 0; i < g->n_nodes; i++) {
+    if (g->nodes[i].op != OP_ADAMW) continue;
+    const int r = g->nodes[i].in[1];
+    reads++;
+    placed += g->nodes[r].op == OP_ALL_REDUCE && g->nodes[r].in[0] == r - 1 && r < first_opt;
+  }
+  CHECK(reads > 0 && placed == reads, "%d of %d optimizer gradients reduced right where they are complete", placed, reads);
+  ir_graph_free(g);
+}
+
 int main(void) {
   test_fold_grad_cast();
+  test_sync_placement();
   test_mxfp8_placement();
   test_group_linear_refusals();
   test_grouped_mlp_refusals();
