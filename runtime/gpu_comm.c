@@ -16,6 +16,10 @@ struct gpu_comm {
   int rank;
   gpu_ctx *g;
   gpu_nccl *nc[COMM_GROUPS]; /* NCCL: one per group of size > 1 */
+  /* NCCL: every collective on one stream of its own (so they run in the order queued), after
+     the work queued on g's stream so far (`ready` marks it); `done` marks a synchronous
+     collective's end, which g's stream then waits for */
+  void *stream, *ready, *done;
   void *host;                /* host-staged: the staging buffer */
   size_t host_cap;
 };
@@ -91,6 +95,9 @@ comm *gpu_comm_host_group(gpu_comm *c, comm_group grp) { return comm_get(c->w, c
 void gpu_comm_free(gpu_comm *c, int abort) {
   if (!c) return;
   for (int i = 0; i < COMM_GROUPS; i++) gpu_nccl_free(c->nc[i], abort);
+  if (c->ready) gpu_event_free(c->g, c->ready);
+  if (c->done) gpu_event_free(c->g, c->done);
+  gpu_stream_free(c->g, c->stream); /* destroying a stream with queued work waits for it in the driver */
   free(c->host);
   free(c);
 }
@@ -100,6 +107,11 @@ gpu_comm *gpu_comm_new(gpu_comm_kind kind, comm_world *w, int rank, gpu_ctx *g, 
   if (!c) return errf(err, errlen, "out of host memory"), NULL;
   c->kind = kind, c->w = w, c->rank = rank, c->g = g;
   if (kind != GPU_COMM_NCCL) return c;
+  if (gpu_stream_new(g, &c->stream) != 0 || gpu_event_new(g, &c->ready) != 0 || gpu_event_new(g, &c->done) != 0) {
+    errf(err, errlen, "the communication stream: %s", gpu_error(g));
+    gpu_comm_free(c, 1);
+    return NULL;
+  }
   /* the same order on every rank: world, EP, DP; a group's rank 0 draws its id */
   for (int grp = 0; grp < COMM_GROUPS; grp++) {
     comm *h = comm_get(w, rank, (comm_group)grp);
@@ -150,14 +162,38 @@ static int host_all_reduce(gpu_comm *c, comm *h, gpu_ptr buf, int64_t n, gpu_com
   return gpu_upload(c->g, buf, bf ? (void *)b : (void *)host, (size_t)n * es) != 0 ? gpu_fail(c, err, errlen) : 0;
 }
 
-int gpu_comm_all_reduce_sum(gpu_comm *c, comm_group grp, gpu_ptr buf, int64_t n, gpu_comm_dtype t, char *err,
-                            size_t errlen) {
+/* The communication stream waits for what g's stream has queued so far. */
+static int comm_stream_after_compute(gpu_comm *c, char *err, size_t errlen) {
+  return gpu_event_record_on(c->g, c->ready, NULL) || gpu_stream_wait(c->g, c->stream, c->ready) ? gpu_fail(c, err, errlen)
+                                                                                                   : 0;
+}
+/* done recorded behind the collective just queued; g's stream waits for it unless `later`. */
+static int compute_after_comm(gpu_comm *c, void *done, int later, char *err, size_t errlen) {
+  if (gpu_event_record_on(c->g, done, c->stream) != 0) return gpu_fail(c, err, errlen);
+  return !later && gpu_stream_wait(c->g, NULL, done) != 0 ? gpu_fail(c, err, errlen) : 0;
+}
+
+int gpu_comm_all_reduce_sum_async(gpu_comm *c, comm_group grp, gpu_ptr buf, int64_t n, gpu_comm_dtype t, void *done,
+                                  int *pending, char *err, size_t errlen) {
+  *pending = 0;
   comm *h = gpu_comm_host_group(c, grp);
   if (!h) return errf(err, errlen, "no %s group for world rank %d", comm_group_name(grp), c->rank);
   if (comm_size(h) == 1 || n == 0) return 0;
   if (c->kind == GPU_COMM_HOST) return host_all_reduce(c, h, buf, n, t, err, errlen);
-  if (t == GPU_COMM_I32) return gpu_nccl_all_reduce_sum_i32(c->nc[grp], buf, n, err, errlen);
-  return gpu_nccl_all_reduce_sum(c->nc[grp], buf, n, t == GPU_COMM_BF16 ? CG_DT_BF16 : CG_DT_F32, err, errlen);
+  if (comm_stream_after_compute(c, err, errlen) != 0) return -1;
+  int rc = t == GPU_COMM_I32
+               ? gpu_nccl_all_reduce_sum_i32(c->nc[grp], c->stream, buf, n, err, errlen)
+               : gpu_nccl_all_reduce_sum(c->nc[grp], c->stream, buf, n, t == GPU_COMM_BF16 ? CG_DT_BF16 : CG_DT_F32, err,
+                                         errlen);
+  if (rc != 0 || compute_after_comm(c, done ? done : c->done, done != NULL, err, errlen) != 0) return -1;
+  *pending = done != NULL;
+  return 0;
+}
+
+int gpu_comm_all_reduce_sum(gpu_comm *c, comm_group grp, gpu_ptr buf, int64_t n, gpu_comm_dtype t, char *err,
+                            size_t errlen) {
+  int pending;
+  return gpu_comm_all_reduce_sum_async(c, grp, buf, n, t, NULL, &pending, err, errlen);
 }
 
 int gpu_comm_all_to_all_v(gpu_comm *c, comm_group grp, gpu_ptr send, const size_t *send_off, const size_t *send_bytes,
@@ -170,8 +206,13 @@ int gpu_comm_all_to_all_v(gpu_comm *c, comm_group grp, gpu_ptr send, const size_
       return errf(err, errlen, "all_to_all_v: sends %zu bytes to itself, expects %zu", send_bytes[0], recv_bytes[0]);
     return send_bytes[0] && gpu_copy(c->g, recv + recv_off[0], send + send_off[0], send_bytes[0]) ? gpu_fail(c, err, errlen) : 0;
   }
-  if (c->kind == GPU_COMM_NCCL)
-    return gpu_nccl_all_to_all_v(c->nc[grp], send, send_off, send_bytes, recv, recv_off, recv_bytes, err, errlen);
+  if (c->kind == GPU_COMM_NCCL) /* on the communication stream, g's stream waiting for it */
+    return comm_stream_after_compute(c, err, errlen) ||
+                   gpu_nccl_all_to_all_v(c->nc[grp], c->stream, send, send_off, send_bytes, recv, recv_off, recv_bytes, err,
+                                         errlen) ||
+                   compute_after_comm(c, c->done, 0, err, errlen)
+               ? -1
+               : 0;
   /* host-staged: the segments packed in peer order (comm.h's layout), then unpacked */
   size_t ns = 0, nr = 0;
   for (int j = 0; j < P; j++) ns += send_bytes[j], nr += recv_bytes[j];

@@ -6,7 +6,9 @@
  *    Ranks may share one GPU (NCCL refuses two ranks on one GPU), no NCCL is needed, and the
  *    sums are comm.h's rank-order sums: the same bits as the CPU ranks.
  *  - NCCL (GPU_COMM_NCCL): one communicator per group of more than one rank (world, EP, DP) on
- *    this rank's own GPU, collectives queued on the context's stream. Each group's rank 0 draws
+ *    this rank's own GPU, collectives queued on a communication stream of their own, ordered
+ *    after the context's stream by events (the context's stream waits for each, except where
+ *    the caller asks to overlap: gpu_comm_all_reduce_sum_async). Each group's rank 0 draws
  *    the unique id and broadcasts it over the host world: the TCP mesh the bootstrap built
  *    (moec launch, torchrun) or the threads' world, so no blob or ncclCommSplit is needed.
  *
@@ -52,9 +54,17 @@ const char *gpu_comm_failure(gpu_comm *c);
 /* The host handle on group grp (for host data: counts, scalars). */
 comm *gpu_comm_host_group(gpu_comm *c, comm_group grp);
 
-/* buf (n values of t, on the device) <- the sum over group grp. */
+/* buf (n values of t, on the device) <- the sum over group grp; g's stream sees the result. */
 int gpu_comm_all_reduce_sum(gpu_comm *c, comm_group grp, gpu_ptr buf, int64_t n, gpu_comm_dtype t, char *err,
                             size_t errlen);
+/* The same, left running beside g's stream (NCCL: the collective goes on the communication
+ * stream after the work g's stream has queued, and the caller's event `done` is recorded
+ * behind it): *pending = 1 then, and the caller makes g's stream wait for done
+ * (gpu_stream_wait(g, NULL, done)) before anything on it reads or writes buf again. The
+ * host-staged transport (and a one-rank group) finishes it at once: *pending = 0. This is how
+ * the gradient all-reduces overlap the rest of the backward. */
+int gpu_comm_all_reduce_sum_async(gpu_comm *c, comm_group grp, gpu_ptr buf, int64_t n, gpu_comm_dtype t, void *done,
+                                  int *pending, char *err, size_t errlen);
 /* Over group grp (P ranks): send_bytes[j] bytes from send + send_off[j] go to rank j, and
  * recv_bytes[j] bytes from rank j arrive at recv + recv_off[j] (both sides know the sizes: the
  * caller exchanged the counts first). Self included. */

@@ -224,6 +224,8 @@ struct gpu_exec {
   gpu_wgmma *wgmma;       /* their kernel: device-driven wgmma (MOEC_FP8_GEMM=wgmma), or NULL: cuBLASLt per expert */
   uint8_t *view;          /* (n_nodes) gpu_view: a value read through its input (gpu_views.h) */
   gpu_comm *comm;         /* data/expert parallelism: this rank's collectives (gpu_exec_set_comm) */
+  void **comm_done;       /* (n_nodes) an all_reduce's end on the communication stream (made on first use) */
+  uint8_t *comm_pending;  /* (n_nodes) 1: that all_reduce may still run; the stream waits before a reader */
   int32_t **ep_all;       /* (n_nodes) the EP group's counts (P x E, host) of a counts value, once per step */
   int64_t step;
   char *err;
@@ -278,7 +280,16 @@ static int alloc_out_slack(gx *x, int id, int64_t rows, int zero, int64_t slack)
 
 static int alloc_out(gx *x, int id, int64_t rows, int zero) { return alloc_out_slack(x, id, rows, zero, 0); }
 
+/* The stream waits for value v's all_reduce if it may still run beside it (gpu_comm.h). */
+static int comm_wait(gx *x, int v) {
+  if (!x->comm_pending || !x->comm_pending[v]) return 0;
+  x->comm_pending[v] = 0;
+  return gpu_stream_wait(x->rt->g, NULL, x->comm_done[v]);
+}
+
 static void release(gx *x, dev_value *v) {
+  /* a buffer an all_reduce may still write goes back to the pool only behind it */
+  if (comm_wait(x, (int)(v - x->val)) != 0) return; /* leaked, not reused while written; the step fails later */
   if (v->bytes) pool_put(x->rt, v->p);
   if (v->q8_bytes) pool_put(x->rt, v->q8);
   if (v->s8_bytes) pool_put(x->rt, v->s8);
@@ -525,7 +536,14 @@ static int exec_ALL_REDUCE(gx *x, int id) {
     return fail(x, id, "%s", gpu_error(x->rt->g));
   char m[1024];
   gpu_comm_dtype ct = t == DT_I32 ? GPU_COMM_I32 : t == DT_BF16 ? GPU_COMM_BF16 : GPU_COMM_F32;
-  return gpu_comm_all_reduce_sum(x->comm, grp, x->val[id].p, a->numel, ct, m, sizeof m) ? fail(x, id, "%s", m) : 0;
+  /* left running beside the stream (NCCL): the backward goes on, and the op's first reader
+     (or the buffer's release) makes the stream wait for it (comm_wait) */
+  if (!x->comm_done[id] && gpu_event_new(x->rt->g, &x->comm_done[id]) != 0) return fail(x, id, "%s", gpu_error(x->rt->g));
+  int pending = 0;
+  if (gpu_comm_all_reduce_sum_async(x->comm, grp, x->val[id].p, a->numel, ct, x->comm_done[id], &pending, m, sizeof m))
+    return fail(x, id, "%s", m);
+  x->comm_pending[id] = (uint8_t)pending;
+  return 0;
 }
 
 /* The EP group's counts (P x E on the host, gathered once per counts value and step) for EP op
@@ -926,6 +944,9 @@ static int exec_ADAMW(gx *x, int id) {
   while (!x->adamw_single && end < x->g->n_nodes && N(end)->op == OP_ADAMW && DT(x, N(end)->in[1]) == gt &&
          N(end)->in[2] == N(id)->in[2])
     end++;
+  for (int a = id + 1; a < end; a++) /* the run's later gradients: the loop waited only for id's */
+    for (int k = 0; k < N(a)->n_in; k++)
+      if (comm_wait(x, N(a)->in[k]) != 0) return fail(x, id, "%s", gpu_error(x->rt->g));
   rt_cuda_adamw_tensor *t = malloc((size_t)(end - id) * sizeof *t);
   if (!t) return fail(x, id, "out of host memory");
   for (int a = id; a < end; a++) t[a - id] = adamw_entry(x, a);
@@ -1624,7 +1645,8 @@ gpu_exec *gpu_exec_new(gpu_runtime *rt, const ir_graph *g, char *err, size_t err
   x->cpin = calloc(n, sizeof *x->cpin), x->cev = calloc(n, sizeof *x->cev), x->cpending = calloc(n, 1);
   x->ep_all = calloc(n, sizeof *x->ep_all);
   x->view = calloc(n, 1);
-  if (!x->hcounts || !x->cpin || !x->cev || !x->cpending || !x->ep_all || !x->view) {
+  x->comm_done = calloc(n, sizeof *x->comm_done), x->comm_pending = calloc(n, 1);
+  if (!x->hcounts || !x->cpin || !x->cev || !x->cpending || !x->ep_all || !x->view || !x->comm_done || !x->comm_pending) {
     snprintf(err, errlen, "out of host memory");
     gpu_exec_free(x);
     return NULL;
@@ -1662,6 +1684,8 @@ void gpu_exec_free(gpu_exec *x) {
   for (int i = 0; x->cpin && i < x->g->n_nodes; i++) gpu_free_host(x->rt->g, x->cpin[i]);
   for (int i = 0; x->cev && i < x->g->n_nodes; i++) gpu_event_free(x->rt->g, x->cev[i]);
   free(x->cpin), free(x->cev), free(x->cpending);
+  for (int i = 0; x->comm_done && i < x->g->n_nodes; i++) gpu_event_free(x->rt->g, x->comm_done[i]);
+  free(x->comm_done), free(x->comm_pending);
   free(x->ep_all);
   free(x->view);
   gpu_free(x->rt->g, x->tokens);
@@ -1709,7 +1733,9 @@ int gpu_exec_run(gpu_exec *x, const int32_t *tokens, const int32_t *labels, int6
   int rc = 0;
   for (int id = 0; id < g->n_nodes && rc == 0; id++) {
     gpu_profile_mark(x->prof, id);
-    rc = exec_table[g->nodes[id].op](x, id);
+    for (int j = 0; j < g->nodes[id].n_in && rc == 0; j++)
+      if (comm_wait(x, g->nodes[id].in[j]) != 0) rc = fail(x, id, "%s", gpu_error(x->rt->g));
+    if (rc == 0) rc = exec_table[g->nodes[id].op](x, id);
     if (!x->keep_all)
       for (int j = 0; j < g->nodes[id].n_in; j++) {
         int v = g->nodes[id].in[j];
@@ -1723,6 +1749,8 @@ int gpu_exec_run(gpu_exec *x, const int32_t *tokens, const int32_t *labels, int6
           release(x, &x->val[gpu_view_root(g, x->view, v)]);
       }
   }
+  for (int v = 0; v < g->n_nodes; v++) /* the outputs and the step's end come after every collective */
+    if (comm_wait(x, v) != 0 && rc == 0) rc = -1, snprintf(err, errlen, "%s", gpu_error(x->rt->g));
   if (rc == 0) {
     gpu_profile_mark(x->prof, g->n_nodes);
     gpu_profile_step_done(x->prof);

@@ -75,6 +75,7 @@ enum { CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8 };
   X(StreamCreate, "cuStreamCreate", NULL, CUresult, (CUstream *, unsigned))                  \
   X(StreamDestroy, "cuStreamDestroy_v2", NULL, CUresult, (CUstream))                         \
   X(StreamSynchronize, "cuStreamSynchronize", NULL, CUresult, (CUstream))                    \
+  X(StreamWaitEvent, "cuStreamWaitEvent", NULL, CUresult, (CUstream, CUevent, unsigned))     \
   X(ModuleLoadData, "cuModuleLoadData", NULL, CUresult, (CUmodule *, const void *))          \
   X(ModuleUnload, "cuModuleUnload", NULL, CUresult, (CUmodule))                              \
   X(ModuleGetFunction, "cuModuleGetFunction", NULL, CUresult,                                \
@@ -609,6 +610,29 @@ int gpu_bind(gpu_ctx *g) {
 int gpu_deterministic(void) {
   const char *e = getenv("MOEC_DETERMINISTIC");
   return e && *e && strcmp(e, "0") != 0;
+}
+
+int gpu_stream_new(gpu_ctx *g, void **stream) {
+  *stream = NULL;
+  CALL(g, cu.StreamCreate((CUstream *)stream, CU_STREAM_NON_BLOCKING), "cuStreamCreate (a second stream)");
+  return 0;
+}
+
+void gpu_stream_free(gpu_ctx *g, void *stream) {
+  (void)g;
+  if (stream) cu.StreamDestroy(stream);
+}
+
+int gpu_event_record_on(gpu_ctx *g, void *ev, void *stream) {
+  const double t0 = gpu_clock_s();
+  CALL(g, cu.EventRecord(ev, stream ? stream : g->stream), "cuEventRecord");
+  gpu_note_issue(g, t0);
+  return 0;
+}
+
+int gpu_stream_wait(gpu_ctx *g, void *stream, void *ev) {
+  CALL(g, cu.StreamWaitEvent(stream ? stream : g->stream, ev, 0), "cuStreamWaitEvent");
+  return 0;
 }
 
 int gpu_event_done(void *ev) {

@@ -142,6 +142,13 @@ void gpu_set_work_hook(gpu_ctx *g, gpu_work_hook hook, void *ud);
 void gpu_note_work(gpu_ctx *g, const char *name);
 /* 1 when the work before ev's record has finished, 0 not yet, -1 on an error; from any thread. */
 int gpu_event_done(void *ev);
+/* A second stream on g's context (the communication stream), and how streams order each other:
+ * ev recorded on `stream`, and `stream` waiting (on the GPU; the host goes on) for the work
+ * before ev's last record. stream NULL: g's own stream. */
+int gpu_stream_new(gpu_ctx *g, void **stream);
+void gpu_stream_free(gpu_ctx *g, void *stream);
+int gpu_event_record_on(gpu_ctx *g, void *ev, void *stream);
+int gpu_stream_wait(gpu_ctx *g, void *stream, void *ev);
 
 /* "CUDA_ERROR_OUT_OF_MEMORY: out of memory" for a CUresult, via the driver when loaded. */
 const char *gpu_result_string(int result, char *buf, size_t len);

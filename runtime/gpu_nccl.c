@@ -157,9 +157,9 @@ static int usable(gpu_nccl *c, char *err, size_t errlen) {
 }
 /* The mark moves to the newest collective and its clock restarts: a hang anywhere before it
  * keeps it unfinished, and once the host stops queuing (it waits on the stream) the clock runs. */
-static void queued(gpu_nccl *c) {
+static void queued(gpu_nccl *c, void *stream) {
   pthread_mutex_lock(&c->mu);
-  if (!c->aborted && gpu_event_record(c->g, c->ev) == 0) c->ev_at = now_s();
+  if (!c->aborted && gpu_event_record_on(c->g, c->ev, stream) == 0) c->ev_at = now_s();
   pthread_mutex_unlock(&c->mu);
 }
 
@@ -203,29 +203,28 @@ void gpu_nccl_free(gpu_nccl *c, int abort) {
   free(c);
 }
 
-int gpu_nccl_all_reduce_sum(gpu_nccl *c, gpu_ptr buf, int64_t n, cg_dtype t, char *err, size_t errlen) {
+int gpu_nccl_all_reduce_sum(gpu_nccl *c, void *stream, gpu_ptr buf, int64_t n, cg_dtype t, char *err, size_t errlen) {
   if (usable(c, err, errlen)) return -1;
-  void *p = (void *)(uintptr_t)buf;
-  nccl_result r = api.AllReduce(p, p, (size_t)n, t == CG_DT_BF16 ? NCCL_BFLOAT16 : NCCL_FLOAT32, NCCL_SUM, c->comm,
-                                gpu_stream(c->g));
+  void *p = (void *)(uintptr_t)buf, *s = stream ? stream : gpu_stream(c->g);
+  nccl_result r = api.AllReduce(p, p, (size_t)n, t == CG_DT_BF16 ? NCCL_BFLOAT16 : NCCL_FLOAT32, NCCL_SUM, c->comm, s);
   if (r) return nccl_fail(r, "ncclAllReduce", err, errlen);
-  queued(c);
+  queued(c, s);
   return 0;
 }
 
-int gpu_nccl_all_reduce_sum_i32(gpu_nccl *c, gpu_ptr buf, int64_t n, char *err, size_t errlen) {
+int gpu_nccl_all_reduce_sum_i32(gpu_nccl *c, void *stream, gpu_ptr buf, int64_t n, char *err, size_t errlen) {
   if (usable(c, err, errlen)) return -1;
-  void *p = (void *)(uintptr_t)buf;
-  nccl_result r = api.AllReduce(p, p, (size_t)n, NCCL_INT32, NCCL_SUM, c->comm, gpu_stream(c->g));
+  void *p = (void *)(uintptr_t)buf, *s = stream ? stream : gpu_stream(c->g);
+  nccl_result r = api.AllReduce(p, p, (size_t)n, NCCL_INT32, NCCL_SUM, c->comm, s);
   if (r) return nccl_fail(r, "ncclAllReduce (int32)", err, errlen);
-  queued(c);
+  queued(c, s);
   return 0;
 }
 
-int gpu_nccl_all_to_all_v(gpu_nccl *c, gpu_ptr send, const size_t *send_off, const size_t *send_bytes, gpu_ptr recv,
-                          const size_t *recv_off, const size_t *recv_bytes, char *err, size_t errlen) {
+int gpu_nccl_all_to_all_v(gpu_nccl *c, void *stream, gpu_ptr send, const size_t *send_off, const size_t *send_bytes,
+                          gpu_ptr recv, const size_t *recv_off, const size_t *recv_bytes, char *err, size_t errlen) {
   if (usable(c, err, errlen)) return -1;
-  void *s = gpu_stream(c->g);
+  void *s = stream ? stream : gpu_stream(c->g);
   nccl_result r = api.GroupStart();
   for (int p = 0; p < c->nranks && r == 0; p++) {
     if (send_bytes[p])
@@ -236,6 +235,6 @@ int gpu_nccl_all_to_all_v(gpu_nccl *c, gpu_ptr send, const size_t *send_off, con
   nccl_result r2 = api.GroupEnd(); /* always closes the group */
   if (r == 0) r = r2;
   if (r) return nccl_fail(r, "the all-to-all's grouped ncclSend/ncclRecv", err, errlen);
-  queued(c);
+  queued(c, s);
   return 0;
 }

@@ -32,14 +32,16 @@ void gpu_nccl_free(gpu_nccl *c, int abort);
  * collective below fails with this reason once it is set. */
 const char *gpu_nccl_failure(gpu_nccl *c);
 
-/* buf (n values of t) = its sum over the ranks, in place, queued on g's stream. */
-int gpu_nccl_all_reduce_sum(gpu_nccl *c, gpu_ptr buf, int64_t n, cg_dtype t, char *err, size_t errlen);
+/* The collectives are queued on `stream` (NULL: g's stream); gpu_comm puts all of a
+ * communicator's on one stream, so they run in the order queued. */
+/* buf (n values of t) = its sum over the ranks, in place. */
+int gpu_nccl_all_reduce_sum(gpu_nccl *c, void *stream, gpu_ptr buf, int64_t n, cg_dtype t, char *err, size_t errlen);
 /* The same for n int32 values (expert counts). */
-int gpu_nccl_all_reduce_sum_i32(gpu_nccl *c, gpu_ptr buf, int64_t n, char *err, size_t errlen);
+int gpu_nccl_all_reduce_sum_i32(gpu_nccl *c, void *stream, gpu_ptr buf, int64_t n, char *err, size_t errlen);
 /* Every rank sends send_bytes[r] bytes from send + send_off[r] to rank r and receives
  * recv_bytes[r] bytes into recv + recv_off[r] (grouped ncclSend/ncclRecv of bytes, self
- * included), queued on g's stream. */
-int gpu_nccl_all_to_all_v(gpu_nccl *c, gpu_ptr send, const size_t *send_off, const size_t *send_bytes, gpu_ptr recv,
-                          const size_t *recv_off, const size_t *recv_bytes, char *err, size_t errlen);
+ * included). */
+int gpu_nccl_all_to_all_v(gpu_nccl *c, void *stream, gpu_ptr send, const size_t *send_off, const size_t *send_bytes,
+                          gpu_ptr recv, const size_t *recv_off, const size_t *recv_bytes, char *err, size_t errlen);
 
 #endif

@@ -274,6 +274,7 @@ CUresult cuMemsetD32Async(CUdeviceptr d, unsigned v, size_t n, void *) {
 CUresult cuStreamCreate(void **s, unsigned) { *s = (void *)1; return OK; }
 CUresult cuStreamDestroy_v2(void *) { return OK; }
 CUresult cuStreamSynchronize(void *) { return OK; }
+CUresult cuStreamWaitEvent(void *, void *, unsigned) { return OK; } // one timeline: work runs as it is queued
 CUresult cuModuleLoadData(void **m, const void *image) {
   /* The module's name: the moec_module string every generated module carries, else (NVRTC
      modules with sources of their own) a kernel name it is known by; the same source built
