@@ -108,6 +108,7 @@ size_t span_bytes(const Layout &l) {
 }
 
 extern "C" int emu_mem_check(const void *p, size_t bytes); /* emu_driver.cpp */
+extern "C" void emu_lock(void), emu_unlock(void);       /* its lock: ranks as threads take turns */
 
 int say(int st, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 int say(int st, const char *fmt, ...) {
@@ -441,6 +442,10 @@ cublasStatus_t cublasLtMatmul(void *handle, void *desc, const void *alpha, const
                               const Algo *algo, void *workspace, size_t workspace_bytes, void *stream) {
   (void)workspace, (void)workspace_bytes, (void)stream;
   if (!handle || ((Handle *)handle)->magic != HANDLE_MAGIC) return ST_NOT_INITIALIZED;
+  struct Held {
+    Held() { emu_lock(); }
+    ~Held() { emu_unlock(); }
+  } held;
   if (algo && algo->data[0] != ALGO_MAGIC) return say(ST_INVALID_VALUE, "an algorithm not from this library's heuristic");
   Problem p;
   int st = validate((Desc *)desc, (Layout *)adesc, (Layout *)bdesc, (Layout *)cdesc, (Layout *)ddesc, &p);

@@ -21,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <map>
+#include <mutex>
 #include <string>
 #include <ucontext.h>
 #include <vector>
@@ -209,9 +210,16 @@ size_t image_bytes(const char *p) {
 }
 } // namespace
 
+/* One lock for the shared state (the fibers, the launch's globals, the allocation table):
+ * ranks as threads of one process launch at once, and their launches run one at a time. */
+std::recursive_mutex emu_mu;
+
 extern "C" {
+void emu_lock(void) { emu_mu.lock(); } /* emu_cublaslt.cpp holds it over a matmul */
+void emu_unlock(void) { emu_mu.unlock(); }
 /* 1 when [p, p + bytes) lies within one live allocation (emu_cublaslt.cpp checks operands). */
 int emu_mem_check(const void *p, size_t bytes) {
+  std::lock_guard<std::recursive_mutex> lk(emu_mu);
   auto it = sizes.upper_bound((uintptr_t)p);
   if (it == sizes.begin()) return 0;
   --it;
@@ -240,6 +248,7 @@ CUresult cuDevicePrimaryCtxRelease_v2(int) { return OK; }
 CUresult cuCtxSetCurrent(void *) { return OK; }
 CUresult cuMemGetInfo_v2(size_t *f, size_t *t) { *f = TOTAL - held; *t = TOTAL; return OK; }
 CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t n) {
+  std::lock_guard<std::recursive_mutex> lk(emu_mu);
   if (n > TOTAL - held) return E_OOM;
   /* exactly n bytes, 256-aligned, so that AddressSanitizer sees an overrun at byte n */
   void *m = NULL;
@@ -251,6 +260,7 @@ CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t n) {
   return OK;
 }
 CUresult cuMemFree_v2(CUdeviceptr p) {
+  std::lock_guard<std::recursive_mutex> lk(emu_mu);
   auto it = sizes.find((uintptr_t)p);
   if (it == sizes.end()) return p ? E_INVALID_VALUE : OK;
   held -= it->second;
@@ -310,6 +320,7 @@ CUresult cuFuncSetAttribute(void *, int, int) { return OK; }
 CUresult cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz, unsigned,
                         void *, void **args, void **) {
   if (by != 1 || bz != 1 || gz == 0 || bx == 0 || bx > 1024 || bx % 32 != 0) return E_INVALID_VALUE;
+  std::lock_guard<std::recursive_mutex> lk(emu_mu);
   cur_fn = (void (*)(void **))f;
   cur_args = args;
   emu_blockDim = {bx, 1, 1};
