@@ -194,7 +194,8 @@ int rt_cuda_mlp_bwd_split_mx(rt_cuda *k, cg_dtype tgu, gpu_ptr dact, gpu_ptr gat
                     (long long)(2 * F), ck_strerror(CK_ESHAPE));
   char name[64];
   KN("mlp_bwd_split", 1, tgu);
-  return rtk_launch(k, FAM, NULL, name, (uint64_t)S, 1, CG_NT_ROW,
+  const uint64_t rows_a_block = CG_NT_ROW / 32; /* a warp a row */
+  return rtk_launch(k, FAM, NULL, name, ((uint64_t)S + rows_a_block - 1) / rows_a_block, 1, CG_NT_ROW,
                     ARGS(&dact, &gate_up, &ldg, &probs_, &dgu, &act, &dp, &S, &F, &gq, &gsc, &gblock));
 }
 

@@ -545,10 +545,12 @@ static int train_rank(rank_ctx *r) {
       const double n = (double)timed_steps;
       fprintf(msgf,
               "host, a step: %.1f ms; %.1f waiting for the GPU, %.1f in %.0f calls queueing work (%.1f in the %.0f "
-              "over 50 us, mostly the queue full), %.1f in moec's own work (little waiting: the host bounds the "
-              "step)\n",
+              "over 50 us, mostly the queue full), %.1f in moec's own work (%s)\n",
               1e3 * timed_s / n, 1e3 * hs_sum.wait_s / n, 1e3 * hs_sum.issue_s / n, (double)hs_sum.issues / n,
-              1e3 * hs_sum.slow_s / n, (double)hs_sum.slow_issues / n, 1e3 * timed_s / n - 1e3 * (hs_sum.wait_s + hs_sum.issue_s) / n);
+              1e3 * hs_sum.slow_s / n, (double)hs_sum.slow_issues / n, 1e3 * timed_s / n - 1e3 * (hs_sum.wait_s + hs_sum.issue_s) / n,
+              /* a host that waits (or blocks on a full queue) for most of the step is ahead of the GPU */
+              hs_sum.wait_s + hs_sum.slow_s > 0.5 * timed_s ? "the host waits: the GPU bounds the step"
+                                                            : "little waiting: the host bounds the step");
     }
   }
 done:

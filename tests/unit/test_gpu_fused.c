@@ -261,26 +261,31 @@ static void test_mlp_bwd_split_mx(cg_dtype t) {
 static void test_quantize_act(cg_dtype t) {
   const int64_t F = 256, ldg = 2 * F + 40;
   float *gu = rnd(S * ldg, -3, 3, t), *p = rnd(S, 0.1f, 1, CG_DT_F32);
-  gu[5 * ldg + 7] = NAN;
+  gu[5 * ldg + 19] = NAN; /* inside both windows */
   gpu_ptr dgu = up_f(gu, S * ldg, t), dp = up_f(p, S, CG_DT_F32), act = dmalloc((size_t)(S * F) * dts(t));
   gpu_ptr q1 = dmalloc((size_t)(S * F)), c1 = dmalloc((size_t)(S * F / 32)), q2 = dmalloc((size_t)(S * F)),
           c2 = dmalloc((size_t)(S * F / 32));
-  const gpu_ptr window = dgu + (gpu_ptr)(16 * dts(t));
-  RUN(rt_cuda_mlp_act(K, t, window, ldg, dp, act, S, F));
-  RUN(rt_cuda_mxfp8_quantize(K, t, act, S, F, 32, 1, q1, c1));
-  RUN(rt_cuda_mxfp8_quantize_act(K, t, window, ldg, dp, S, F, 32, 1, q2, c2));
   uint8_t *a1 = malloc((size_t)(S * F)), *a2 = malloc((size_t)(S * F)), *s1 = malloc((size_t)(S * F / 32)),
           *s2 = malloc((size_t)(S * F / 32));
-  download(a1, q1, (size_t)(S * F));
-  download(a2, q2, (size_t)(S * F));
-  download(s1, c1, (size_t)(S * F / 32));
-  download(s2, c2, (size_t)(S * F / 32));
-  CHECK(memcmp(a1, a2, (size_t)(S * F)) == 0 && memcmp(s1, s2, (size_t)(S * F / 32)) == 0,
-        "quantize_act [%s] differs from mlp_act then mxfp8_quantize", cg_dtype_name(t));
-  CHECK(rt_cuda_mxfp8_quantize_act(K, t, window, 2 * F - 2, dp, S, F, 32, 1, q2, c2) != 0,
+  /* a window 16 elements in (16-byte chunks: the branch-free loads) and 3 in (element loads) */
+  const int64_t starts[] = {16, 3};
+  for (int w = 0; w < 2; w++) {
+    const gpu_ptr window = dgu + (gpu_ptr)(starts[w] * dts(t));
+    RUN(rt_cuda_mlp_act(K, t, window, ldg, dp, act, S, F));
+    RUN(rt_cuda_mxfp8_quantize(K, t, act, S, F, 32, 1, q1, c1));
+    RUN(rt_cuda_mxfp8_quantize_act(K, t, window, ldg, dp, S, F, 32, 1, q2, c2));
+    download(a1, q1, (size_t)(S * F));
+    download(a2, q2, (size_t)(S * F));
+    download(s1, c1, (size_t)(S * F / 32));
+    download(s2, c2, (size_t)(S * F / 32));
+    CHECK(memcmp(a1, a2, (size_t)(S * F)) == 0 && memcmp(s1, s2, (size_t)(S * F / 32)) == 0,
+          "quantize_act [%s, window at %lld] differs from mlp_act then mxfp8_quantize", cg_dtype_name(t),
+          (long long)starts[w]);
+  }
+  CHECK(rt_cuda_mxfp8_quantize_act(K, t, dgu, 2 * F - 2, dp, S, F, 32, 1, q2, c2) != 0,
         "quantize_act accepted gate_up rows narrower than 2F");
   printf("  %-44s %6lld values, bit-exact (elements and codes)\n", t == CG_DT_BF16 ? "quantize_act [bf16]" : "quantize_act [f32]",
-         (long long)(S * F));
+         (long long)(2 * S * F));
   expect_flag("quantize_act", CK_OK);
   free(gu), free(p), free(a1), free(a2), free(s1), free(s2);
   dfree_all();
