@@ -6,6 +6,8 @@
  * 16,384 routed rows (seq 8192, top 2), balanced and skewed (one expert gets no rows).
  * "fp8_wgmma" is the device-driven FP8 grouped GEMM (runtime/gpu_wgmma.h: one launch for all
  * experts, counts read on the device) on the same operands, where the GPU is sm_90.
+ * "fp8_blk" is cuBLASLt's FP8 with the weight's scales one per 128 x 128 block (the
+ * DeepSeek-style weight recipe, gpu_gemm_fp8_blocks), fwd and dgrad only: is it faster?
  * Prints one JSON line per case: GEMM time only (operands already quantized; the quantize
  * kernels are timed on their own in the "quantize" lines). TFLOP/s = 2 sum_e m_e K N / time.
  * bench/grouped_gemm.sh runs it next to torch._grouped_mm and prints the ratios.
@@ -72,13 +74,13 @@ static void pass(const bufs *u, int dt, int kind, const int64_t *cnt, int64_t K,
     int64_t me = cnt[e];
     if (me == 0) continue;
     int64_t m = kind == 2 ? K : me, n = kind == 0 ? N : kind == 1 ? K : N, k = kind == 0 ? K : kind == 1 ? N : me;
-    if (dt == 1) {
+    if (dt == 1 || dt == 3) {
       if (kind == 2) k = (me + 127) / 128 * 128; /* token blocks restart per expert, zero-padded */
       else m = fp8_rows(me);                   /* whole 16-row blocks (gpu_fp8.h) */
       int64_t a_off = kind == 2 ? off * K : off * k;    /* bytes into the packed operands */
       gpu_mat C = {CG_DT_BF16, u->c + (gpu_ptr)(kind == 2 ? e * K * N * 2 : off * n * 2), n, 0, 0};
-      if (gpu_gemm_fp8(BL, m, n, k, u->a + (gpu_ptr)a_off, u->sa + (gpu_ptr)(off * (k / 128) * 4), u->b, u->sb, &C, err,
-                       sizeof err) != 0)
+      if (gpu_gemm_fp8_blocks(BL, m, n, k, u->a + (gpu_ptr)a_off, u->sa + (gpu_ptr)(off * (k / 128) * 4), u->b, u->sb,
+                              dt == 3, &C, err, sizeof err) != 0)
         die("fp8 gemm");
     } else {
       /* bf16, row-major: fwd xs (me, K) . W (K, N); dgrad dy (me, N) . W^T; wgrad xs^T (K, me) . dy (me, N) */
@@ -134,13 +136,16 @@ int main(int argc, char **argv) {
     dcounts[r] = dalloc(sizeof c32);
     if (gpu_upload(G, dcounts[r], c32, sizeof c32) != 0) die("upload");
   }
-  static const char *const kinds[3] = {"fwd", "dgrad", "wgrad"}, *const dts[3] = {"bf16", "fp8", "fp8_wgmma"};
+  static const char *const kinds[3] = {"fwd", "dgrad", "wgrad"}, *const dts[4] = {"bf16", "fp8", "fp8_wgmma", "fp8_blk"};
   for (size_t mi = 0; mi < sizeof models / sizeof models[0]; mi++)
     for (int w = 0; w < 2; w++) { /* gate_up, down */
       int64_t K = w == 0 ? models[mi].hidden : models[mi].ffn, N = w == 0 ? 2 * models[mi].ffn : models[mi].hidden;
       for (int r = 0; r < 2; r++)
         for (int kind = 0; kind < 3; kind++)
-          for (int dt = 0; dt < (WG ? 3 : 2); dt++) {
+          for (int dt = 0; dt < 4; dt++) {
+            /* fp8_blk: the weight's scales in 128 x 128 blocks, fwd and dgrad only (wgrad's
+               operands are both activations) */
+            if ((dt == 2 && !WG) || (dt == 3 && kind == 2)) continue;
             routing_now = r;
             double ms = time_ms(&u, dt, kind, routings[r], K, N, reps);
             printf("{\"model\":\"%s\",\"weight\":\"%s\",\"K\":%lld,\"N\":%lld,\"routing\":\"%s\",\"pass\":\"%s\","

@@ -23,12 +23,12 @@ for path in sys.argv[1:]:
             print(f"quantize {r['model']} {r['quantize']}: {r['ms']:.3f} ms, {r['GB_per_s']} GB/s"); continue
         key = (r["model"], r["weight"], r["routing"], r["pass"])
         rows.setdefault(key, {})[r["dtype"]] = r
-print(f"{'model':<9} {'weight':<7} {'routing':<8} {'pass':<5} {'torch bf16':>10} {'moec bf16':>10} {'moec fp8':>9} {'wgmma fp8':>9} {'bf16/torch':>10} {'fp8/bf16':>8} {'fp8/torch':>9} {'wgmma/fp8':>9} {'wgmma/bf16':>10}   (TFLOP/s)")
+print(f"{'model':<9} {'weight':<7} {'routing':<8} {'pass':<5} {'torch bf16':>10} {'moec bf16':>10} {'moec fp8':>9} {'wgmma fp8':>9} {'bf16/torch':>10} {'fp8/bf16':>8} {'fp8/torch':>9} {'wgmma/fp8':>9} {'wgmma/bf16':>10} {'blk fp8':>8} {'blk/fp8':>7}   (TFLOP/s)")
 def tf(d, k):
     return d[k]["tflops"] if k in d and "tflops" in d[k] else float("nan")
 for key, d in rows.items():
-    t, b, f, w = tf(d, "torch_bf16"), tf(d, "bf16"), tf(d, "fp8"), tf(d, "fp8_wgmma")
-    print(f"{key[0]:<9} {key[1]:<7} {key[2]:<8} {key[3]:<5} {t:10.1f} {b:10.1f} {f:9.1f} {w:9.1f} {b / t:10.2f} {f / b:8.2f} {f / t:9.2f} {w / f:9.2f} {w / b:10.2f}")
+    t, b, f, w, k = tf(d, "torch_bf16"), tf(d, "bf16"), tf(d, "fp8"), tf(d, "fp8_wgmma"), tf(d, "fp8_blk")
+    print(f"{key[0]:<9} {key[1]:<7} {key[2]:<8} {key[3]:<5} {t:10.1f} {b:10.1f} {f:9.1f} {w:9.1f} {b / t:10.2f} {f / b:8.2f} {f / t:9.2f} {w / f:9.2f} {w / b:10.2f} {k:8.1f} {k / f:7.2f}")
     if "torch_bf16" in d and "error" in d["torch_bf16"]:
         print("   torch:", d["torch_bf16"]["error"])
 PY

@@ -63,7 +63,7 @@ enum { CUBLAS_OP_N = 0, CUBLAS_OP_T = 1 };             /* cublas_api.h cublasOpe
 enum { DESC_TRANSA = 3, DESC_TRANSB = 4 };             /* cublasLtMatmulDescAttributes_t */
 enum { DESC_A_SCALE_POINTER = 17, DESC_B_SCALE_POINTER = 18, DESC_FAST_ACCUM = 25, DESC_A_SCALE_MODE = 31,
        DESC_B_SCALE_MODE = 32 };
-enum { MATRIX_SCALE_VEC128_32F = 4 };                   /* cublasLtMatmulMatrixScale_t */
+enum { MATRIX_SCALE_VEC128_32F = 4, MATRIX_SCALE_BLK128x128_32F = 5 }; /* cublasLtMatmulMatrixScale_t */
 enum { LAYOUT_BATCH_COUNT = 5, LAYOUT_STRIDED_BATCH_OFFSET = 6 }; /* cublasLtMatrixLayoutAttribute_t */
 enum { PREF_MAX_WORKSPACE_BYTES = 1 };                 /* cublasLtMatmulPreferenceAttributes_t */
 
@@ -307,6 +307,11 @@ done:
 
 int gpu_gemm_fp8(gpu_blas *b, int64_t m, int64_t n, int64_t k, gpu_ptr A, gpu_ptr sa, gpu_ptr B, gpu_ptr sb,
                  const gpu_mat *C, char *err, size_t errlen) {
+  return gpu_gemm_fp8_blocks(b, m, n, k, A, sa, B, sb, 0, C, err, errlen);
+}
+
+int gpu_gemm_fp8_blocks(gpu_blas *b, int64_t m, int64_t n, int64_t k, gpu_ptr A, gpu_ptr sa, gpu_ptr B, gpu_ptr sb,
+                        int b_blocks, const gpu_mat *C, char *err, size_t errlen) {
   err[0] = 0;
   if (m == 0 || n == 0) return 0;
   if (k % 128 != 0 || m % 16 != 0 || n % 16 != 0 || C->trans || C->stride) {
@@ -317,7 +322,8 @@ int gpu_gemm_fp8(gpu_blas *b, int64_t m, int64_t n, int64_t k, gpu_ptr A, gpu_pt
   /* Row-major C (m, n) = A B^T is column-major C^T (n, m) = B'^T A' with B' = B^T (k, n) and
    * A' = A^T (k, m) column-major, ld k: cuBLASLt's "TN", the one FP8 layout Hopper runs. Its
    * first operand is our B, so its A scales are sb. */
-  int opa = CUBLAS_OP_T, opb = CUBLAS_OP_N, mode = MATRIX_SCALE_VEC128_32F;
+  int opa = CUBLAS_OP_T, opb = CUBLAS_OP_N, mode = MATRIX_SCALE_VEC128_32F,
+      mode_b = b_blocks ? MATRIX_SCALE_BLK128x128_32F : MATRIX_SCALE_VEC128_32F;
   int8_t fast = 0; /* block scaling promotes every 128 of k; fast accumulation is refused */
   void *desc = NULL, *la = NULL, *lb = NULL, *lc = NULL;
   int rc = -1;
@@ -326,7 +332,7 @@ int gpu_gemm_fp8(gpu_blas *b, int64_t m, int64_t n, int64_t k, gpu_ptr A, gpu_pt
   if (b->api->MatmulDescSetAttribute(desc, DESC_TRANSA, &opa, sizeof opa) ||
       b->api->MatmulDescSetAttribute(desc, DESC_TRANSB, &opb, sizeof opb) ||
       b->api->MatmulDescSetAttribute(desc, DESC_FAST_ACCUM, &fast, sizeof fast) ||
-      b->api->MatmulDescSetAttribute(desc, DESC_A_SCALE_MODE, &mode, sizeof mode) ||
+      b->api->MatmulDescSetAttribute(desc, DESC_A_SCALE_MODE, &mode_b, sizeof mode_b) ||
       b->api->MatmulDescSetAttribute(desc, DESC_B_SCALE_MODE, &mode, sizeof mode) ||
       b->api->MatmulDescSetAttribute(desc, DESC_A_SCALE_POINTER, &psa, sizeof psa) ||
       b->api->MatmulDescSetAttribute(desc, DESC_B_SCALE_POINTER, &psb, sizeof psb)) {
@@ -339,11 +345,14 @@ int gpu_gemm_fp8(gpu_blas *b, int64_t m, int64_t n, int64_t k, gpu_ptr A, gpu_pt
     goto done;
   {
     /* k bucketed too: the weight gradient's k is an expert's padded row count, new every step */
-    int64_t kb = pow2_at_least(k), key[12] = {pow2_at_least(m), n, kb, 1000 /* fp8 */, C->dtype, 0, 1, kb, kb, C->ld, 1, 0};
+    int64_t kb = pow2_at_least(k),
+            key[12] = {pow2_at_least(m), n, kb, 1000 /* fp8 */, C->dtype, b_blocks, 1, kb, kb, C->ld, 1, 0};
     lt_call call = {desc, la, lb, lc, (const void *)(uintptr_t)B, (const void *)(uintptr_t)A, (void *)(uintptr_t)C->p,
                     1.0f, 0.0f};
     const int64_t mnk[3] = {m, n, k};
-    if (run_cached(b, &call, key, mnk, 1, "fp8 GEMM with 1x128 block scales", err, errlen) != 0) goto done;
+    if (run_cached(b, &call, key, mnk, 1, b_blocks ? "fp8 GEMM with 1x128 x 128x128 block scales" : "fp8 GEMM with 1x128 block scales",
+                   err, errlen) != 0)
+      goto done;
   }
   rc = 0;
 done:

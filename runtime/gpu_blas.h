@@ -74,6 +74,10 @@ int gpu_gemm(gpu_blas *b, int64_t m, int64_t n, int64_t k, float alpha, const gp
  * (cuBLASLt has no algorithm for other m on the H200: an expert's rows are padded, gpu_fp8.h). */
 int gpu_gemm_fp8(gpu_blas *b, int64_t m, int64_t n, int64_t k, gpu_ptr A, gpu_ptr sa, gpu_ptr B, gpu_ptr sb,
                  const gpu_mat *C, char *err, size_t errlen);
+/* The same with b_blocks: B's scales one per 128 x 128 block (cuBLASLt BLK128x128_32F; sb
+ * (k/128, n/128), n/128 fastest), the weight-block recipe's layout (the grouped-GEMM bench times it). */
+int gpu_gemm_fp8_blocks(gpu_blas *b, int64_t m, int64_t n, int64_t k, gpu_ptr A, gpu_ptr sa, gpu_ptr B, gpu_ptr sb,
+                        int b_blocks, const gpu_mat *C, char *err, size_t errlen);
 /* Heuristic queries so far: each shape class costs one (tests check that a step's shapes
  * stay cached; MOEC_GEMM_TUNE times the candidates of each query, MOEC_GEMM_LOG=1 prints them). */
 long gpu_blas_queries(const gpu_blas *b);
