@@ -17,6 +17,7 @@ void cg_emit_route(cg_buf *b, const cg_variant *v, int emu);
 void cg_emit_loss(cg_buf *b, const cg_variant *v, int emu);
 void cg_emit_optim(cg_buf *b, const cg_variant *v, int emu);
 void cg_emit_mxfp8(cg_buf *b, const cg_variant *v, int emu);
+void cg_emit_mxfp8_tiles(cg_buf *b, int emu); /* part of the mxfp8 module (cg_mxfp8_tiles.c) */
 void cg_emit_grouped(cg_buf *b, const cg_variant *v, int emu);
 
 /* Emits one kernel:

@@ -647,4 +647,5 @@ void cg_emit_mxfp8(cg_buf *b, const cg_variant *v, int emu) {
                "mxfp8_qdq_last<${X}, ${W}>", kv, emu);
     }
   }
+  cg_emit_mxfp8_tiles(b, emu);
 }

@@ -13,7 +13,7 @@
 const char *const sema_train_set_names[] = {
     "data",   "batch",  "seq",      "steps",    "seed",   "lr",        "betas",   "beta1",
     "beta2",  "weight_decay", "adam_eps", "warmup", "schedule", "min_lr", "clip", "precision",
-    "mx_block", "ep",   "dp",       "stride",   "overlap", "val_fraction", "val_every", "rc_augment",
+    "mx_block", "mx_weight_tile", "ep",   "dp",       "stride",   "overlap", "val_fraction", "val_every", "rc_augment",
 };
 const int sema_n_train_set_names = (int)(sizeof sema_train_set_names / sizeof sema_train_set_names[0]);
 
@@ -187,30 +187,33 @@ static void optimizer(sema *S, ast_expr *e) {
   (void)adamw_set_names;
 }
 
-/* precision = fp32 | bf16 | mxfp8 | mxfp8(block = 32 | 128) */
+/* precision = fp32 | bf16 | mxfp8 | mxfp8(block = 32 | 128 [, weight_tile = 128]) */
 static void precision(sema *S, ast_expr *e, diag_span *where) {
   moec_config *c = &S->cfg;
   c->precision = PREC_FP32;
   c->mx_block = 32;
-  ast_expr *block = NULL;
+  c->mx_weight_tile = 0;
+  static const char *const args[] = {"block", "weight_tile"};
+  ast_expr *val[2] = {NULL, NULL};
   if (e) {
     *where = e->span;
     if (e->kind == EX_CALL && !strcmp(e->s, "mxfp8") && !e->block) {
       c->precision = PREC_MXFP8;
       for (int i = 0; i < e->n_args; i++) {
         ast_arg *g = &e->args[i];
-        if ((g->name && strcmp(g->name, "block") != 0) || i > 0) {
-          if (g->name && strcmp(g->name, "block") != 0) {
-            static const char *const bn[] = {"block"};
-            const char *best = diag_suggest(g->name, bn, 1);
-            if (best) diag_error(S->d, g->name_span, "mxfp8 has no argument '%s'; did you mean 'block'?", g->name);
-            else diag_error(S->d, g->name_span, "mxfp8 has no argument '%s'; it takes mxfp8(block = 32 | 128)", g->name);
-          } else {
-            diag_error(S->d, g->value->span, "mxfp8 takes one argument, block = 32 | 128");
-          }
+        int k = !g->name && i == 0 ? 0 : -1; /* the block may be given by position */
+        for (int j = 0; g->name && j < 2; j++)
+          if (!strcmp(g->name, args[j])) k = j;
+        if (k < 0) {
+          const char *best = g->name ? diag_suggest(g->name, args, 2) : NULL;
+          if (best) diag_error(S->d, g->name_span, "mxfp8 has no argument '%s'; did you mean '%s'?", g->name, best);
+          else if (g->name)
+            diag_error(S->d, g->name_span, "mxfp8 has no argument '%s'; it takes mxfp8(block = 32 | 128, weight_tile = 128)",
+                       g->name);
+          else diag_error(S->d, g->value->span, "mxfp8 takes named arguments after the first: block = 32 | 128, weight_tile = 128");
           continue;
         }
-        block = g->value;
+        val[k] = g->value;
       }
     } else if (e->kind == EX_CALL) {
       diag_error(S->d, e->name_span, "unknown precision '%s'; expected fp32, bf16, mxfp8 or mxfp8(block = 32 | 128)", e->s);
@@ -221,11 +224,24 @@ static void precision(sema *S, ast_expr *e, diag_span *where) {
     }
   }
   int bad = 0;
-  ast_expr *bset = pick(S, "mx_block", NULL, &bad);
-  if (bset) block = bset;
-  if (block && !t_int(S, block, "block", 0, INT64_MAX, &c->mx_block) && c->mx_block != 32 && c->mx_block != 128) {
-    diag_error(S->d, block->span, "the MXFP8 block must be 32 or 128, got %" PRId64, c->mx_block);
+  ast_expr *bset = pick(S, "mx_block", NULL, &bad), *tset = pick(S, "mx_weight_tile", NULL, &bad);
+  if (bset) val[0] = bset;
+  if (tset) val[1] = tset;
+  if (val[0] && !t_int(S, val[0], "block", 0, INT64_MAX, &c->mx_block) && c->mx_block != 32 && c->mx_block != 128) {
+    diag_error(S->d, val[0]->span, "the MXFP8 block must be 32 or 128, got %" PRId64, c->mx_block);
     c->mx_block = 32;
+  }
+  if (val[1] && !t_int(S, val[1], "weight_tile", 0, INT64_MAX, &c->mx_weight_tile)) {
+    if (c->mx_weight_tile != 0 && c->mx_weight_tile != 128) {
+      diag_error(S->d, val[1]->span, "the MXFP8 weight tile must be 128 (128 x 128 squares of one scale) or 0, got %" PRId64,
+                 c->mx_weight_tile);
+      c->mx_weight_tile = 0;
+    } else if (c->mx_weight_tile && c->mx_block != 128) {
+      diag_error(S->d, val[1]->span,
+                 "weight_tile = 128 needs block = 128 (its squares run at FP8 speed only with 128-shared scales); "
+                 "write mxfp8(block = 128, weight_tile = 128)");
+      c->mx_weight_tile = 0;
+    }
   }
 }
 

@@ -24,6 +24,7 @@ typedef struct {
   moec_schedule schedule;
   moec_precision precision;
   int64_t mx_block;   /* 32 or 128 when precision is mxfp8 */
+  int64_t mx_weight_tile; /* 0, or 128: expert weights in 128 x 128 squares of one scale (needs block 128) */
   int64_t ep, dp;     /* expert- and data-parallel group sizes */
   int64_t ep_rank;    /* this rank's index in its EP group (set by the driver, not by files): parallelize keeps its experts */
   int64_t stride;     /* window stride in bases (seq - overlap) */

@@ -601,6 +601,11 @@ static int shape_MXFP8_QUANTIZE(shape_ctx *c) {
   if (axis < 0 || axis >= x->rank) return fail(c, "axis %lld is not a dimension of x", (long long)axis);
   if (share != 0 && share != 1) return fail(c, "share128 must be 0 or 1");
   if (share && 128 % block) return fail(c, "share128 needs a block that divides 128");
+  const int64_t tile = ir_get_int(c->n, "tile", 0);
+  if (tile != 0 && tile != 128) return fail(c, "tile must be 0 or 128, got %lld", (long long)tile);
+  if (tile && (x->rank != 3 || c->n->n_in != 1 || !share || x->dims[1] % tile || x->dims[2] % tile))
+    return fail(c, "tile = %lld squares need a weight (E, in, out) with in and out multiples of it, and share128 = 1",
+                (long long)tile);
   if (c->n->n_in == 2) {
     if (want_counts(c, 1, 0)) return -1;
     if (axis != 0) return fail(c, "blocks that restart at each expert's rows run along axis 0");

@@ -5,6 +5,10 @@
  * tensor, dtype e4m3: E4M3 elements plus one E8M0 scale per block of 32 elements along `axis`
  * (share128 = 1 for mxfp8(block = 128): the four scales of each 128 are the 128's). With
  * counts the blocks run down the rows of each expert group and restart at its first row.
+ * With the weight-tile recipe (mxfp8(block = 128, weight_tile = 128)) an expert weight's
+ * quantize has {tile = 128}: one scale per 128 x 128 square of each (in, out) matrix, from the
+ * square's amax, the same values whichever axis it is quantized along (still valid MXFP8 both
+ * ways); cuBLASLt runs such a weight with 128 x 128 block scales, faster than 1 x 128.
  * `mxfp8_dequantize(q)` gives the exact values back in the source dtype: a GEMM reads it (on
  * Hopper the dequantize lives in the GEMM's main loop, or feeds FP8 MMAs with per-128 scales),
  * and it is emitted right before its reader, while the quantize comes right after the value
@@ -255,10 +259,14 @@ int pass_mxfp8(ir_graph **gp, FILE *err) {
     for (int k = 0; k < p->n_keys; k++) {
       qkey *q = &p->keys[k];
       if (q->after != at) continue;
+      /* an expert weight (E, in, out) under the weight-tile recipe: 128 x 128 squares */
+      const ir_type *st = &NODE(q->src)->type;
+      const int64_t wt = g->cfg.mx_weight_tile; /* sides not multiples of the tile keep 1 x 128 */
+      const int tile = wt && share && q->counts < 0 && st->rank == 3 && st->dims[1] % wt == 0 && st->dims[2] % wt == 0;
       ir_attr a[] = {ir_attr_int("block", block), ir_attr_int("axis", q->axis), ir_attr_int("share128", share),
-                     ir_attr_str("role", q->role)};
+                     ir_attr_str("role", q->role), ir_attr_int("tile", g->cfg.mx_weight_tile)};
       int qin[2] = {r.map[q->src], q->counts >= 0 ? r.map[q->counts] : -1};
-      q->q = rw_emit(&r, OP_MXFP8_QUANTIZE, qin, q->counts >= 0 ? 2 : 1, a, 4, NODE(q->src)->loc);
+      q->q = rw_emit(&r, OP_MXFP8_QUANTIZE, qin, q->counts >= 0 ? 2 : 1, a, tile ? 5 : 4, NODE(q->src)->loc);
     }
   }
   free(has_q);

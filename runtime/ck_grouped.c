@@ -311,3 +311,26 @@ int ck_mxfp8_qdq(const float *x, float *y, int rank, const int64_t *dims, int ax
   free(off);
   return rc;
 }
+
+int ck_mxfp8_qdq_tiles(const float *x, float *y, int64_t E, int64_t A, int64_t B, int64_t tile) {
+  if (E < 0 || tile < 1 || A % tile || B % tile) return CK_ESHAPE;
+  float *t = malloc((size_t)(tile * tile) * sizeof(float));
+  uint8_t *q = malloc((size_t)(tile * tile));
+  if (!t || !q) {
+    free(t), free(q);
+    return CK_ENOMEM;
+  }
+  for (int64_t e = 0; e < E; e++)
+    for (int64_t a0 = 0; a0 < A; a0 += tile)
+      for (int64_t b0 = 0; b0 < B; b0 += tile) {
+        const int64_t base = e * A * B + a0 * B + b0;
+        for (int64_t i = 0; i < tile; i++) memcpy(t + i * tile, x + base + i * B, (size_t)tile * sizeof(float));
+        const uint8_t code = ck_mxfp8_quantize_group(t, tile * tile, q);
+        for (int64_t i = 0; i < tile; i++)
+          for (int64_t j = 0; j < tile; j++)
+            y[base + i * B + j] = code == 0xFF ? NAN : ldexpf(ck_e4m3_to_float(q[i * tile + j]), (int)code - 127);
+      }
+  free(t);
+  free(q);
+  return CK_OK;
+}

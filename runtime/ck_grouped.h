@@ -110,5 +110,11 @@ int ck_grouped_mlp_bwd(const float *dy,       /* (S, H) */
  * CK_EINDEX if counts do not add up to dims[0]. y may alias x. */
 int ck_mxfp8_qdq(const float *x, float *y, int rank, const int64_t *dims, int axis, int64_t block, int share128,
                  const int32_t *counts, int64_t E);
+/* MXFP8 quantize then dequantize of E (A, B) matrices in tile x tile squares (the weight-tile
+ * recipe, mxfp8(block = 128, weight_tile = 128)): each square's elements share one E8M0 scale
+ * from its amax (ck_mxfp8_quantize_group), so every block of 32 along either axis is valid
+ * MXFP8 and both orientations of a weight hold the same values. CK_ESHAPE unless tile divides
+ * A and B. y may alias x. */
+int ck_mxfp8_qdq_tiles(const float *x, float *y, int64_t E, int64_t A, int64_t B, int64_t tile);
 
 #endif

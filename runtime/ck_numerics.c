@@ -79,33 +79,35 @@ static uint8_t e8m0_for_amax(float amax) {
   return (uint8_t)(s + 127);
 }
 
+uint8_t ck_mxfp8_quantize_group(const float *x, int64_t n, uint8_t *q) {
+  float amax = 0.0f;
+  int finite = 1;
+  for (int64_t i = 0; i < n; i++) {
+    float a = fabsf(x[i]);
+    if (!isfinite(a)) finite = 0;
+    else if (a > amax) amax = a;
+  }
+  uint8_t code = finite ? e8m0_for_amax(amax) : 0xFF;
+  if (finite) {
+    int s = (int)code - 127;
+    for (int64_t i = 0; i < n; i++) q[i] = e4m3_from_double(ldexp(x[i], -s));
+  } else {
+    memset(q, 0x7F, (size_t)n);
+  }
+  return code;
+}
+
 int ck_mxfp8_quantize(const float *x, int64_t rows, int64_t cols, int64_t block, int share128,
                       uint8_t *q, uint8_t *scale) {
   if (block < 1 || cols % block != 0) return CK_ESHAPE;
   if (share128 && (128 % block != 0 || cols % 128 != 0)) return CK_ESHAPE;
   const int64_t group = share128 ? 128 : block; /* elements that share one scale */
   const int64_t nb = cols / block;
-  for (int64_t r = 0; r < rows; r++) {
+  for (int64_t r = 0; r < rows; r++)
     for (int64_t g0 = 0; g0 < cols; g0 += group) {
-      const float *xs = x + r * cols + g0;
-      uint8_t *qs = q + r * cols + g0;
-      float amax = 0.0f;
-      int finite = 1;
-      for (int64_t i = 0; i < group; i++) {
-        float a = fabsf(xs[i]);
-        if (!isfinite(a)) finite = 0;
-        else if (a > amax) amax = a;
-      }
-      uint8_t code = finite ? e8m0_for_amax(amax) : 0xFF;
-      if (finite) {
-        int s = (int)code - 127;
-        for (int64_t i = 0; i < group; i++) qs[i] = e4m3_from_double(ldexp(xs[i], -s));
-      } else {
-        memset(qs, 0x7F, (size_t)group);
-      }
+      uint8_t code = ck_mxfp8_quantize_group(x + r * cols + g0, group, q + r * cols + g0);
       memset(scale + r * nb + g0 / block, code, (size_t)(group / block));
     }
-  }
   return CK_OK;
 }
 

@@ -672,6 +672,9 @@ static int exec_MXFP8_QUANTIZE(ex *x, int id) {
   for (int d = 0; d < t->rank; d++) dims[d] = t->dims[d];
   dims[0] = a->rows;
   if (alloc_out(x, id, a->rows, 0)) return -1;
+  const int64_t tile = ir_get_int(N(id), "tile", 0);
+  if (tile) /* an expert weight (E, in, out) in tile x tile squares: any axis gives these values */
+    return check_ck(x, id, ck_mxfp8_qdq_tiles(a->f, x->val[id].f, dims[0], dims[1], dims[2], tile));
   const int32_t *counts = N(id)->n_in == 2 ? IN(id, 1)->i : NULL;
   int64_t E = N(id)->n_in == 2 ? DIM(id, 1, 0) : 0;
   return check_ck(x, id, ck_mxfp8_qdq(a->f, x->val[id].f, t->rank, dims, (int)ir_get_int(N(id), "axis", 0),

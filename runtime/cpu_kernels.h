@@ -305,6 +305,9 @@ float ck_e4m3_to_float(uint8_t b);
  * 128-element group share one scale from the group's amax (the scale is still stored once
  * per block, so the result is valid MXFP8). CK_ESHAPE unless block divides cols and, with
  * share128, block divides 128 and 128 divides cols. */
+/* n elements under one scale, from their amax (as one group of ck_mxfp8_quantize): their
+ * E4M3 bits into q; returns the E8M0 code (0xFF, elements 0x7F, when one is NaN or inf). */
+uint8_t ck_mxfp8_quantize_group(const float *x, int64_t n, uint8_t *q);
 int ck_mxfp8_quantize(const float *x,   /* (rows, cols) */
                       int64_t rows, int64_t cols, int64_t block, int share128,
                       uint8_t *q,       /* (rows, cols) e4m3 bits */

@@ -261,6 +261,17 @@ int rt_cuda_mxfp8_quantize_act(rt_cuda *k, cg_dtype t, gpu_ptr gu, int64_t ldg, 
 /* The column-wise copy: quantizes x^T, i.e. qt (cols, rows), scale_t (cols, rows/block). */
 int rt_cuda_mxfp8_quantize_cols(rt_cuda *k, cg_dtype t, gpu_ptr x /* (rows, cols) */, int64_t rows, int64_t cols,
                                 int64_t block, int share128, gpu_ptr qt, gpu_ptr scale_t);
+/* The weight-tile recipe's quantize of E weights (A, B) (A, B multiples of 128; x 16-byte
+ * aligned, of type t, each value rounded to bf16 first when round_bf16): one E8M0 scale per
+ * 128 x 128 square from its amax (ck_mxfp8_qdq_tiles' values). Writes q, the E4M3 bytes as
+ * (E, A, B), or (E, B, A) with transpose; codes, q's per-row codes as rt_cuda_mxfp8_quantize
+ * writes them ((E A, B / block) or (E B, A / block)); blk, per expert
+ * rt_cuda_tile_blk_floats(A, B) f32 scales of the squares for cuBLASLt's 128 x 128 block mode
+ * on q's (N, K) matrix: square (nb, kb) at kb (N / 128) + nb with n_fast, else nb (K / 128) + kb. */
+int rt_cuda_mxfp8_quantize_tiles(rt_cuda *k, cg_dtype t, gpu_ptr x, int round_bf16, int64_t E, int64_t A, int64_t B,
+                                 int64_t block, int transpose, int n_fast, gpu_ptr q, gpu_ptr codes, gpu_ptr blk);
+/* Floats of one expert's square scales: the squares, rounded up to 16 bytes. */
+int64_t rt_cuda_tile_blk_floats(int64_t A, int64_t B);
 int rt_cuda_mxfp8_dequantize(rt_cuda *k, cg_dtype t, gpu_ptr q, gpu_ptr scale, int64_t rows, int64_t cols,
                              int64_t block, gpu_ptr x /* (rows, cols) */);
 /* FP8 GEMM operands (gpu_gemm_fp8, one GEMM per expert, one f32 scale per 128 of K). cuBLASLt

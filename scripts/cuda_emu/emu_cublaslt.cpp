@@ -12,7 +12,10 @@
  *   - VEC128_32F (cuBLAS 12.9+, Hopper): one f32 per 128 consecutive elements of k; for A,
  *     with op(A) M x K, the scale of op(A)[i, k] is sA[(k / 128) * M + i] (M fastest), for B,
  *     op(B) K x N, sB[(k / 128) * N + j] (N fastest). Each 128-block's fp32 partial sum is
- *     multiplied by both scales and added to the accumulator (the promotion Hopper does).
+ *     multiplied by both scales and added to the accumulator (the promotion Hopper does);
+ *   - BLK128x128_32F for A with VEC128_32F for B (the weight-tile recipe): one f32 per
+ *     128 x 128 block of op(A), sA[(k / 128) * ceil(M / 128) + i / 128] (M's blocks fastest,
+ *     as VEC128 keeps M fastest; test_gpu_tiles checks this order against the H200's cuBLASLt).
  * FP8 runs only "TN" (op(A) = A^T, op(B) = B), as on Hopper; with VEC128_32F, M and N must be
  * multiples of 16 and the scales 16-byte aligned (moec's gpu_blas.h reports that the H200 has
  * no algorithm otherwise): the stand-in refuses what the real library refuses there, so that a
@@ -52,7 +55,7 @@ enum {
 };
 enum { EPILOGUE_DEFAULT = 1 };
 enum { PM_HOST = 0, PM_DEVICE = 1 };          /* cublasLtPointerMode_t */
-enum { SCALE_SCALAR_32F = 0, SCALE_VEC128_32F = 4 }; /* cublasLtMatmulMatrixScale_t */
+enum { SCALE_SCALAR_32F = 0, SCALE_VEC128_32F = 4, SCALE_BLK128x128_32F = 5 }; /* cublasLtMatmulMatrixScale_t */
 /* cublasLtMatrixLayoutAttribute_t */
 enum { L_TYPE = 0, L_ORDER = 1, L_ROWS = 2, L_COLS = 3, L_LD = 4, L_BATCH_COUNT = 5, L_STRIDED_BATCH_OFFSET = 6,
        L_PLANE_OFFSET = 7 };
@@ -148,8 +151,9 @@ void init_e4m3() {
 /* One validated problem. */
 struct Problem {
   int64_t M, N, K, batch;
-  int ta, tb, fp8, scale_mode;
+  int ta, tb, fp8, scale_mode; /* scale_mode: B's (A's too, unless blk_a) */
   const Layout *a, *b, *c, *d;
+  int blk_a; /* A's scales in 128 x 128 blocks */
 };
 
 /* op(X)[r, c] of a layout's matrix at base, as float */
@@ -223,9 +227,12 @@ int validate(const Desc *d, const Layout *a, const Layout *b, const Layout *c, c
     if (a->order != ORDER_COL || b->order != ORDER_COL || dl->order != ORDER_COL)
       return say(ST_NOT_SUPPORTED, "FP8 with a non-column-major layout");
     if (a->ld % 16 || b->ld % 16) return say(ST_NOT_SUPPORTED, "FP8 lda %lld / ldb %lld not multiples of 16 bytes", (long long)a->ld, (long long)b->ld);
-    if (smode_a != smode_b || (smode_a != SCALE_SCALAR_32F && smode_a != SCALE_VEC128_32F))
-      return say(ST_NOT_SUPPORTED, "FP8 scale modes A %d, B %d (modelled: both SCALAR_32F or both VEC128_32F)", smode_a, smode_b);
-    if (smode_a == SCALE_VEC128_32F) {
+    const int blk_a = smode_a == SCALE_BLK128x128_32F && smode_b == SCALE_VEC128_32F;
+    if (!blk_a && (smode_a != smode_b || (smode_a != SCALE_SCALAR_32F && smode_a != SCALE_VEC128_32F)))
+      return say(ST_NOT_SUPPORTED,
+                 "FP8 scale modes A %d, B %d (modelled: both SCALAR_32F, both VEC128_32F, or A BLK128x128_32F with B VEC128_32F)",
+                 smode_a, smode_b);
+    if (smode_b == SCALE_VEC128_32F) {
       if (!spa || !spb) return say(ST_INVALID_VALUE, "VEC128_32F without a scale pointer");
       if (((uintptr_t)spa | (uintptr_t)spb) % 16) return say(ST_NOT_SUPPORTED, "VEC128_32F scales not 16-byte aligned");
       if (a->batch != 1) return say(ST_NOT_SUPPORTED, "VEC128_32F with batches (not modelled)");
@@ -233,7 +240,7 @@ int validate(const Desc *d, const Layout *a, const Layout *b, const Layout *c, c
       if (M % 16 || N % 16) return say(ST_NOT_SUPPORTED, "VEC128_32F with M %lld, N %lld not multiples of 16 (no H200 algorithm)", (long long)M, (long long)N);
     }
   }
-  *p = Problem{M, N, K, a->batch, ta, tb, fp8, fp8 ? smode_a : -1, a, b, c, dl};
+  *p = Problem{M, N, K, a->batch, ta, tb, fp8, fp8 ? smode_b : -1, a, b, c, dl, fp8 && smode_a == SCALE_BLK128x128_32F};
   return ST_SUCCESS;
 }
 
@@ -284,9 +291,11 @@ void compute(const Problem &p, const unsigned char *A, const unsigned char *B, c
     }
     std::fill(part.begin(), part.end(), 0.0f);
     block_product(ap.data(), bp.data(), part.data(), M, kb, 0, nj);
-    const float *sak = sa + (k0 / 128) * M, *sbk = sb + (k0 / 128) * p.N;
+    const int64_t mb = (M + 127) / 128;
+    const float *sak = sa + (k0 / 128) * (p.blk_a ? mb : M), *sbk = sb + (k0 / 128) * p.N;
     for (int64_t j = 0; j < nj; j++)
-      for (int64_t i = 0; i < M; i++) acc[(size_t)(j * M + i)] += part[(size_t)(j * M + i)] * (sak[i] * sbk[j0 + j]);
+      for (int64_t i = 0; i < M; i++)
+        acc[(size_t)(j * M + i)] += part[(size_t)(j * M + i)] * ((p.blk_a ? sak[i / 128] : sak[i]) * sbk[j0 + j]);
   }
   if (p.fp8 && !vec) {
     float s = (sa ? *sa : 1.0f) * (sb ? *sb : 1.0f);
@@ -460,7 +469,8 @@ cublasStatus_t cublasLtMatmul(void *handle, void *desc, const void *alpha, const
   struct { const void *ptr; size_t bytes; const char *what; } ext[] = {
       {A, span_bytes(*p.a), "A"}, {B, p.K ? span_bytes(*p.b) : 0, "B"}, {D, span_bytes(*p.d), "D"},
       {C, be != 0.0f ? span_bytes(*p.c) : 0, "C"},
-      {sa, !sa ? 0 : p.scale_mode == SCALE_VEC128_32F ? (size_t)((p.K + 127) / 128 * p.M) * 4 : 4, "the A scales"},
+      {sa, !sa ? 0 : p.blk_a ? (size_t)((p.K + 127) / 128 * ((p.M + 127) / 128)) * 4
+                  : p.scale_mode == SCALE_VEC128_32F ? (size_t)((p.K + 127) / 128 * p.M) * 4 : 4, "the A scales"},
       {sb, !sb ? 0 : p.scale_mode == SCALE_VEC128_32F ? (size_t)((p.K + 127) / 128 * p.N) * 4 : 4, "the B scales"}};
   if (p.K == 0) ext[0].bytes = 0;
   for (auto &e : ext)

@@ -1,0 +1,160 @@
+/* test_gpu_tiles.c -- the weight-tile recipe on the GPU (mxfp8(block = 128, weight_tile = 128)):
+ * rt_cuda_mxfp8_quantize_tiles against the CPU's square quantize (ck_mxfp8_quantize_group on
+ * each 128 x 128 square), bit for bit, both orientations, f32 and bf16 weights, one square
+ * holding a NaN; then cuBLASLt's FP8 GEMM with the weight's scales in 128 x 128 blocks
+ * (gpu_gemm_fp8_blocks) against the exact product of the values (ck_mxfp8_qdq, ck_mxfp8_qdq_tiles)
+ * in double, tolerance 2^-10 of the largest |C| as for the 1 x 128 GEMM (test_gpu_kernels).
+ * Fresh random inputs (MOEC_TEST_SEED repeats a run); each square gets its own binade, so a
+ * scale read from the wrong square shows. Skips where there is no CUDA driver or GPU;
+ * scripts/cuda_emu/run.sh build test_gpu_tiles runs it on the CPU emulator (whose cuBLASLt
+ * stand-in models the square scales' order this test confirms on the H200). */
+#include "gpu_test.h"
+
+#include "runtime/ck_grouped.h"
+#include "runtime/gpu_blas.h"
+
+/* x (E, A, B) with square (e, i, j) scaled by 2^(its own exponent in [-8, 8]). */
+static float *square_binades(int64_t E, int64_t A, int64_t B, cg_dtype t) {
+  float *x = rnd(E * A * B, -1.0f, 1.0f, CG_DT_F32);
+  for (int64_t e = 0; e < E; e++)
+    for (int64_t i = 0; i < A; i += 128)
+      for (int64_t j = 0; j < B; j += 128) {
+        int ex = (int)rng_int(17) - 8;
+        for (int64_t r = i; r < i + 128 && r < A; r++) /* (a last partial square: the GEMM's X rows) */
+          for (int64_t c = j; c < j + 128; c++) x[e * A * B + r * B + c] = ldexpf(x[e * A * B + r * B + c], ex);
+      }
+  if (t == CG_DT_BF16) ck_round_bf16(x, E * A * B);
+  return x;
+}
+
+static void test_quantize_tiles(cg_dtype t, int tr) {
+  const int64_t E = 2, A = 256, B = 384, n = E * A * B, nA = A / 128, nB = B / 128, seg = rt_cuda_tile_blk_floats(A, B);
+  float *x = square_binades(E, A, B, t);
+  x[1 * A * B + 130 * B + 260] = NAN; /* square (1, 1, 2) */
+  /* the reference: each square's bytes and code, laid out as the kernel's outputs */
+  uint8_t *wq = malloc((size_t)n), *wc = malloc((size_t)(n / 32)), *gq = malloc((size_t)n), *gc = malloc((size_t)(n / 32));
+  float *wb = falloc(E * seg), *gb = falloc(E * seg), *sq = falloc(128 * 128);
+  uint8_t *q1 = malloc(128 * 128);
+  const int64_t K_ = tr ? A : B, nN = tr ? nB : nA; /* q's rows are K_ long */
+  for (int64_t e = 0; e < E; e++)
+    for (int64_t i = 0; i < nA; i++)
+      for (int64_t j = 0; j < nB; j++) {
+        for (int64_t r = 0; r < 128; r++)
+          memcpy(sq + r * 128, x + e * A * B + (i * 128 + r) * B + j * 128, 128 * sizeof(float));
+        uint8_t code = ck_mxfp8_quantize_group(sq, 128 * 128, q1);
+        for (int64_t r = 0; r < 128; r++)
+          for (int64_t c = 0; c < 128; c++) {
+            int64_t wr = i * 128 + r, wcol = j * 128 + c; /* in the weight */
+            int64_t qr = e * (tr ? B : A) + (tr ? wcol : wr), qc = tr ? wr : wcol;
+            wq[qr * K_ + qc] = q1[r * 128 + c];
+            if (qc % 32 == 0) wc[qr * (K_ / 32) + qc / 32] = code;
+          }
+        int64_t nb = tr ? j : i, kb = tr ? i : j;
+        wb[e * seg + kb * nN + nb] = code == 0xFF ? NAN : ldexpf(1.0f, (int)code - 127);
+      }
+  gpu_ptr dx = up_f(x, n, t), dq = dmalloc((size_t)n), dc = dmalloc((size_t)(n / 32)), db = dmalloc((size_t)(E * seg) * 4);
+  RUN(rt_cuda_mxfp8_quantize_tiles(K, t, dx, 0, E, A, B, 32, tr, 1, dq, dc, db));
+  download(gq, dq, (size_t)n);
+  download(gc, dc, (size_t)(n / 32));
+  get_f(gb, db, E * seg, CG_DT_F32);
+  int64_t bad = -1;
+  for (int64_t i = 0; i < n && bad < 0; i++)
+    if (gq[i] != wq[i]) bad = i;
+  CHECK(bad < 0, "quantize_tiles [%s%s]: byte %lld got 0x%02x want 0x%02x", cg_dtype_name(t), tr ? ", transposed" : "",
+        (long long)bad, bad >= 0 ? gq[bad] : 0, bad >= 0 ? wq[bad] : 0);
+  CHECK(memcmp(gc, wc, (size_t)(n / 32)) == 0, "quantize_tiles [%s%s]: the row codes differ", cg_dtype_name(t),
+        tr ? ", transposed" : "");
+  int same = 1;
+  for (int64_t i = 0; i < E; i++)
+    for (int64_t s = 0; s < nA * nB; s++) {
+      float g = gb[i * seg + s], w = wb[i * seg + s];
+      if (!(g == w || (isnan(g) && isnan(w)))) same = 0;
+    }
+  CHECK(same, "quantize_tiles [%s%s]: the square scales differ", cg_dtype_name(t), tr ? ", transposed" : "");
+  printf("  quantize_tiles [%s%s] %lld values, bit-exact (bytes, row codes, square scales; a NaN square)\n",
+         cg_dtype_name(t), tr ? ", transposed" : "", (long long)n);
+  /* a f32 weight read through a bf16 cast (round_bf16) gives the bf16 weight's bytes */
+  if (t == CG_DT_F32) {
+    float *xr = dup(x, n);
+    ck_round_bf16(xr, n);
+    gpu_ptr dr = up_f(xr, n, CG_DT_BF16), dq2 = dmalloc((size_t)n), dc2 = dmalloc((size_t)(n / 32));
+    RUN(rt_cuda_mxfp8_quantize_tiles(K, CG_DT_F32, dx, 1, E, A, B, 32, tr, 1, dq, dc, db));
+    RUN(rt_cuda_mxfp8_quantize_tiles(K, CG_DT_BF16, dr, 0, E, A, B, 32, tr, 1, dq2, dc2, db));
+    download(gq, dq, (size_t)n);
+    download(wq, dq2, (size_t)n);
+    CHECK(memcmp(gq, wq, (size_t)n) == 0, "quantize_tiles: f32 rounded to bf16 differs from the bf16 weight's");
+    free(xr);
+  }
+  CHECK(rt_cuda_mxfp8_quantize_tiles(K, t, dx, 0, E, A, 200, 32, tr, 1, dq, dc, db) != 0,
+        "quantize_tiles accepted B = 200 (not a multiple of 128)");
+  expect_flag("quantize_tiles", CK_OK);
+  free(x), free(wq), free(wc), free(gq), free(gc), free(wb), free(gb), free(sq), free(q1);
+  dfree_all();
+}
+
+/* C (m, n) = X (m, k) . W (n, k)^T with W in squares: for the layout of cuBLASLt's 128 x 128
+ * scales, each of the two candidate orders is tried; the one the runtime writes (n_fast = 1,
+ * gpu_fp8.c) must match, the other must not (so the test shows which it is). */
+static void test_gemm_tiles(void) {
+  char err[512];
+  gpu_blas *bl = gpu_blas_new(G, err, sizeof err);
+  if (!bl) {
+    printf("  SKIP fp8 gemm with square scales: %s\n", err);
+    return;
+  }
+  const int64_t m = 96, n = 256, k = 384;
+  float *x = square_binades(1, m, k, CG_DT_BF16), *w = square_binades(1, n, k, CG_DT_BF16);
+  float *xd = falloc(m * k), *wd = falloc(n * k), *want = falloc(m * n), *got = falloc(m * n);
+  const int64_t dx[2] = {m, k};
+  CHECK(ck_mxfp8_qdq(x, xd, 2, dx, 1, 32, 1, NULL, 0) == CK_OK && ck_mxfp8_qdq_tiles(w, wd, 1, n, k, 128) == CK_OK,
+        "the CPU quantizes");
+  for (int64_t i = 0; i < m; i++)
+    for (int64_t j = 0; j < n; j++) {
+      double acc = 0;
+      for (int64_t l = 0; l < k; l++) acc += (double)xd[i * k + l] * wd[j * k + l];
+      want[i * n + j] = (float)acc;
+    }
+  gpu_ptr gx = up_f(x, m * k, CG_DT_BF16), gw = up_f(w, n * k, CG_DT_BF16);
+  gpu_ptr qx = dmalloc((size_t)(m * k)), sx = dmalloc((size_t)(m * k / 32)), fx = dmalloc((size_t)(m * k / 128) * 4);
+  gpu_ptr qw = dmalloc((size_t)(n * k)), cw = dmalloc((size_t)(n * k / 32)),
+          bw = dmalloc((size_t)rt_cuda_tile_blk_floats(n, k) * 4);
+  RUN(rt_cuda_mxfp8_quantize(K, CG_DT_BF16, gx, m, k, 32, 1, qx, sx));
+  RUN(rt_cuda_mxfp8_scales_vec128(K, sx, m, k, 32, 0, 0, 0, fx));
+  int ok[2] = {0, 0};
+  for (int nf = 0; nf < 2; nf++) {
+    RUN(rt_cuda_mxfp8_quantize_tiles(K, CG_DT_BF16, gw, 0, 1, n, k, 32, 0, nf, qw, cw, bw));
+    gpu_mat C = {CG_DT_F32, dmalloc((size_t)(m * n) * 4), n, 0, 0};
+    if (gpu_gemm_fp8_blocks(bl, m, n, k, qx, fx, qw, bw, 1, &C, err, sizeof err) != 0) {
+      CHECK(0, "gpu_gemm_fp8_blocks: %s", err);
+      break;
+    }
+    get_f(got, C.p, m * n, CG_DT_F32);
+    double worst = 0, mx = maxabs(want, m * n);
+    for (int64_t i = 0; i < m * n; i++) worst = fmax(worst, fabs((double)got[i] - want[i]));
+    ok[nf] = worst <= 0x1p-10 * mx;
+    printf("  fp8 gemm %lldx%lldx%lld, square scales %s: max err %.2g of %.2g (%s)\n", (long long)m, (long long)n,
+           (long long)k, nf ? "n-blocks fastest" : "k-blocks fastest", worst, mx, ok[nf] ? "matches" : "does not match");
+  }
+  CHECK(ok[1] && !ok[0], "cuBLASLt's 128 x 128 scales: the runtime's order (n-blocks fastest) %s, the other %s",
+        ok[1] ? "matches" : "does not match", ok[0] ? "matches too" : "does not");
+  expect_flag("fp8 gemm, square scales", CK_OK);
+  free(x), free(w), free(xd), free(wd), free(want), free(got);
+  dfree_all();
+  gpu_blas_free(bl);
+}
+
+int main(void) {
+  (void)cmp, (void)up_raw; /* gpu_test.h's, not needed here */
+  double t0 = ck_now();
+  uint64_t seed;
+  int st = gpu_test_start(&seed);
+  if (st) return st < 0;
+  printf("GPU 0: %s; seed %llu (MOEC_TEST_SEED repeats it)\n", gpu_info(G)->name, (unsigned long long)seed);
+  for (int t = 0; t < CG_DT_COUNT; t++)
+    for (int tr = 0; tr < 2; tr++) test_quantize_tiles((cg_dtype)t, tr);
+  if (gpu_info(G)->cc_major >= 9) test_gemm_tiles();
+  else printf("  fp8 gemm with square scales: needs sm_90 (skipped on this GPU)\n");
+  rt_cuda_free(K);
+  gpu_close(G);
+  return ck_finish("test_gpu_tiles", t0);
+}
