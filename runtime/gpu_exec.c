@@ -185,6 +185,7 @@ typedef struct {
    * sizes are not 0 */
   gpu_ptr q8, s8;
   size_t q8_bytes, s8_bytes;
+  gpu_ptr sq; /* a weight in 128 x 128 squares (tile = 128): cuBLASLt's square scales, inside s8 */
 } dev_value;
 
 /* The expert permutation of one routing (a topk result), computed once per run. */
@@ -1157,6 +1158,7 @@ static int fp8_pack(gx *x, int id) {
   int64_t block = ir_get_int(n, "block", 32);
   size_t es = dsize(x->g->nodes[n->in[0]].type.dtype);
   int kind = x->fp8.kind[id];
+  v->sq = 0;
   /* the input: a itself, or through a cast view (rounded here) and/or a slice's window */
   int r = n->in[0], rb = 0;
   int64_t sx = 0;
@@ -1190,11 +1192,18 @@ static int fp8_pack(gx *x, int id) {
   int64_t N_ = kind == FP8_W_IN ? B : A, K = kind == FP8_W_IN ? A : B;
   size_t codes_bytes = (size_t)(E * N_ * K / block);
   gpu_ptr codes = 0;
-  if (packed_bufs(x, id, (size_t)(E * N_ * K), (size_t)(E * fp8_scale_floats(fp8_rows(N_), K)) * 4) ||
-      pool_buf(x, id, codes_bytes, &codes))
-    return -1;
+  const int64_t tile = ir_get_int(n, "tile", 0);
+  /* squares: the VEC128 scales (the wgmma kernel's, and cuBLASLt's fallback) then the squares' */
+  const size_t vec_bytes = (size_t)(E * fp8_scale_floats(fp8_rows(N_), K)) * 4,
+               sq_bytes = tile ? (size_t)(E * rt_cuda_tile_blk_floats(N_, K)) * 4 : 0;
+  if (packed_bufs(x, id, (size_t)(E * N_ * K), vec_bytes + sq_bytes) || pool_buf(x, id, codes_bytes, &codes)) return -1;
   int rc = 0;
-  if (kind == FP8_W_IN)
+  v->sq = 0;
+  if (tile) { /* one pass: the squares' codes, the bytes in the reader's orientation, the scales */
+    v->sq = v->s8 + (gpu_ptr)vec_bytes;
+    rc = rt_cuda_mxfp8_quantize_tiles(KX, DT(x, n->in[0]), a->p, 0, E, A, B, block, kind == FP8_W_IN, 1, v->q8, codes,
+                                      v->sq);
+  } else if (kind == FP8_W_IN)
     for (int64_t e = 0; e < E && rc == 0; e++)
       rc = rt_cuda_mxfp8_quantize_cols(KX, t, a->p + (gpu_ptr)((size_t)(e * A * B) * es), A, B, block, 1,
                                        v->q8 + (gpu_ptr)(e * A * B), codes + (gpu_ptr)(e * A * B / block));
@@ -1221,7 +1230,7 @@ static int fp8_fail(gx *x, int id, const char *e) {
  * counts value vc read on the device, no host sync) where the executor has it, else on
  * cuBLASLt, one call per expert, from the counts' host copy. */
 static int fp8_gemm_rows(gx *x, int id, int vc, int64_t E, int64_t S, int64_t N_, int64_t K, gpu_ptr qa, gpu_ptr sa,
-                         gpu_ptr qb, gpu_ptr sb, cg_dtype tc, gpu_ptr c, int64_t ldc) {
+                         gpu_ptr qb, gpu_ptr sb, gpu_ptr sq, cg_dtype tc, gpu_ptr c, int64_t ldc) {
   char e_[512];
   int rc;
   if (x->wgmma) {
@@ -1229,7 +1238,7 @@ static int fp8_gemm_rows(gx *x, int id, int vc, int64_t E, int64_t S, int64_t N_
   } else {
     const int32_t *cnt = host_counts(x, id, vc, S);
     if (!cnt) return -1;
-    rc = gpu_fp8_grouped_gemm(x->rt->blas, cnt, E, N_, K, qa, sa, qb, sb, tc, c, ldc, e_, sizeof e_);
+    rc = gpu_fp8_grouped_gemm(x->rt->blas, cnt, E, N_, K, qa, sa, qb, sb, sq, tc, c, ldc, e_, sizeof e_);
   }
   return rc ? fp8_fail(x, id, e_) : 0;
 }
@@ -1242,7 +1251,7 @@ static int fp8_site_gemm(gx *x, int id, int ka, int kw, int64_t E, int vc, int64
   size_t sf_bytes = 0;
   if (fp8_row_scales(x, id, QOF(id, ka), E, x->val[vc].p, &sf, &sf_bytes)) return -1;
   const dev_value *qa = &x->val[QOF(id, ka)], *qw = &x->val[QOF(id, kw)];
-  int rc = fp8_gemm_rows(x, id, vc, E, S, N_, K, qa->q8, sf, qw->q8, qw->s8, tc, c, ldc);
+  int rc = fp8_gemm_rows(x, id, vc, E, S, N_, K, qa->q8, sf, qw->q8, qw->s8, qw->sq, tc, c, ldc);
   pool_put(x->rt, sf);
   return rc;
 }
@@ -1353,7 +1362,7 @@ static int exec_GROUPED_MLP(gx *x, int id) {
     if (rc == 0) rc = ck(x, id, rt_cuda_mxfp8_quantize_act(KX, to, gu, W, V(id, 4)->p, S, F, mx_block, 1, qa, ca));
     if (rc == 0) rc = ck(x, id, rt_cuda_mxfp8_scales_vec128(KX, ca, S, F, mx_block, counts, E, 0, sfa));
     const dev_value *qd = &x->val[QOF(id, 2)];
-    if (rc == 0) rc = fp8_gemm_rows(x, id, N(id)->in[3], E, S, H, F, qa, sfa, qd->q8, qd->s8, to, x->val[id].p, W);
+    if (rc == 0) rc = fp8_gemm_rows(x, id, N(id)->in[3], E, S, H, F, qa, sfa, qd->q8, qd->s8, qd->sq, to, x->val[id].p, W);
     if (qa) pool_put(x->rt, qa); /* those obtained; stream order keeps them for the queued work */
     if (ca) pool_put(x->rt, ca);
     if (sfa) pool_put(x->rt, sfa);
@@ -1454,6 +1463,21 @@ static int exec_MXFP8_QUANTIZE(gx *x, int id) {
     return 0;
   }
   if (alloc_out(x, id, a->rows, 0)) return -1;
+  const int64_t tile = ir_get_int(N(id), "tile", 0);
+  if (tile) { /* a weight in squares (E, A, B): quantized as is, then expanded into the values */
+    const int64_t E = dims[0], A = dims[1], B = dims[2], block = ir_get_int(N(id), "block", 32);
+    gpu_ptr q = 0, codes = 0, sq = 0;
+    int rc = pool_buf(x, id, (size_t)(E * A * B), &q) || pool_buf(x, id, (size_t)(E * A * B / block), &codes) ||
+                     pool_buf(x, id, (size_t)(E * rt_cuda_tile_blk_floats(A, B)) * 4, &sq)
+                 ? -1
+                 : 0;
+    if (rc == 0) rc = ck(x, id, rt_cuda_mxfp8_quantize_tiles(KX, DT(x, N(id)->in[0]), a->p, 0, E, A, B, block, 0, 1, q, codes, sq));
+    if (rc == 0) rc = ck(x, id, rt_cuda_mxfp8_dequantize(KX, DT(x, id), q, codes, E * A, B, block, x->val[id].p));
+    if (q) pool_put(x->rt, q); /* those obtained; stream order keeps them for the queued work */
+    if (codes) pool_put(x->rt, codes);
+    if (sq) pool_put(x->rt, sq);
+    return rc;
+  }
   if (x->view[N(id)->in[0]] == VIEW_WINDOW && !a->p) { /* the window of the slice's input, in place */
     int s = N(id)->in[0], src = N(s)->in[0];
     return ck(x, id, rt_cuda_mxfp8_qdq_cols(KX, DT(x, src), x->val[src].p, COLS(src), ir_get_int(N(s), "start", 0), DT(x, id),

@@ -7,15 +7,18 @@
 #include "gpu_kernels.h"
 
 int gpu_fp8_grouped_gemm(gpu_blas *b, const int32_t *counts, int64_t E, int64_t N, int64_t K, gpu_ptr qa, gpu_ptr sa,
-                         gpu_ptr qb, gpu_ptr sb, cg_dtype tc, gpu_ptr c, int64_t ldc, char *err, size_t errlen) {
+                         gpu_ptr qb, gpu_ptr sb, gpu_ptr sq, cg_dtype tc, gpu_ptr c, int64_t ldc, char *err, size_t errlen) {
   size_t cs = tc == CG_DT_BF16 ? 2 : 4;
   int64_t r0 = 0, soa = 0;
   for (int64_t e = 0; e < E; e++) {
     int64_t m = counts[e], mp = fp8_rows(m);
     if (m > 0) {
       gpu_mat C = {tc, c + (gpu_ptr)((size_t)(r0 * ldc) * cs), ldc, 0, 0};
-      if (gpu_gemm_fp8(b, mp, N, K, qa + (gpu_ptr)(r0 * K), sa + (gpu_ptr)(soa * 4), qb + (gpu_ptr)(e * N * K),
-                       sb + (gpu_ptr)(e * fp8_scale_floats(fp8_rows(N), K) * 4), &C, err, errlen) != 0)
+      /* squares: one scale per 128 x 128 of the weight (faster than 1 x 128 on the H200) */
+      gpu_ptr sbe = sq ? sq + (gpu_ptr)(e * rt_cuda_tile_blk_floats(N, K) * 4)
+                       : sb + (gpu_ptr)(e * fp8_scale_floats(fp8_rows(N), K) * 4);
+      if (gpu_gemm_fp8_blocks(b, mp, N, K, qa + (gpu_ptr)(r0 * K), sa + (gpu_ptr)(soa * 4), qb + (gpu_ptr)(e * N * K), sbe,
+                              sq != 0, &C, err, errlen) != 0)
         return -1;
     }
     r0 += m;

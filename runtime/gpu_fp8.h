@@ -46,12 +46,13 @@ void gpu_fp8_plan_free(gpu_fp8_plan *p);
 fp8_kind gpu_fp8_operand_kind(ir_op op, int k);
 
 /* C rows of expert e (m_e, N), row stride ldc, in tc = A_e (m_e, K) . B_e (N, K)^T, where A is
- * a rows operand (qa, sa) and B a weights operand (qb, sb). Experts without rows are skipped.
+ * a rows operand (qa, sa) and B a weights operand (qb, sb; or, a weight in 128 x 128 squares,
+ * sq != 0: its square scales, rt_cuda_mxfp8_quantize_tiles' blk). Experts without rows are skipped.
  * Each expert runs fp8_rows(m_e) rows (whole 16-row blocks): it reads up to 15 rows past its
  * own in A and writes as many in C, which the next expert's GEMM (queued after it) then
  * overwrites; so A and C need 15 rows of slack past the last expert's. */
 int gpu_fp8_grouped_gemm(gpu_blas *b, const int32_t *counts, int64_t E, int64_t N, int64_t K, gpu_ptr qa, gpu_ptr sa,
-                         gpu_ptr qb, gpu_ptr sb, cg_dtype tc, gpu_ptr c, int64_t ldc, char *err, size_t errlen);
+                         gpu_ptr qb, gpu_ptr sb, gpu_ptr sq, cg_dtype tc, gpu_ptr c, int64_t ldc, char *err, size_t errlen);
 
 /* dW_e (M, N) in tc, at c + e M N = A_e (M, P_e) . B_e (N, P_e)^T over the expert's (padded)
  * rows, A and B expert-columns operands of M and N columns; zero for an expert without rows. */

@@ -127,7 +127,8 @@ static int compare(const char *path, const moec_set *sets, int n_sets, int fused
   }
   printf("%s [%s%s, %s%s]: %lld steps on %s; worst loss difference %.2g (tolerance %.2g), worst gradient %.2g (tolerance %.2g)\n",
          path, g->cfg.precision == PREC_FP32 ? "fp32" : g->cfg.precision == PREC_BF16 ? "bf16" : "mxfp8",
-         g->cfg.precision == PREC_MXFP8 && g->cfg.mx_block == 128 ? "(block=128)" : "", fused ? "fused" : "naive",
+         g->cfg.precision == PREC_MXFP8 && g->cfg.mx_block == 128 ? g->cfg.mx_weight_tile ? "(block=128, weight_tile=128)" : "(block=128)" : "",
+         fused ? "fused" : "naive",
          fp8_sites ? ", FP8 GEMMs" : "", (long long)steps, gpu_runtime_device(rt), worst_loss, loss_tol, worst_grad,
          grad_tol);
   free(tok);
@@ -170,7 +171,9 @@ int main(void) {
    * products, in another order and with the tensor cores' reduced-precision partial sums) */
   const moec_set tiny8x[] = {{"seq", "128"}, {"batch", "4"}, {"precision", "mxfp8(block=128)"}};
   const moec_set l08x[] = {{"seq", "256"}, {"batch", "2"}, {"precision", "mxfp8(block=128)"}, {"lr", "2e-4"}};
-  int failed = compare("models/tiny.moe", tiny8x, 3, 2, 1e-2, 1e-1) + compare("models/l0_sanity.moe", l08x, 4, 2, 1e-2, 1e-1) +
+  /* the weight-tile recipe: expert weights in 128 x 128 squares (cuBLASLt's square scales) */
+  const moec_set tiny8t[] = {{"seq", "128"}, {"batch", "4"}, {"precision", "mxfp8(block=128, weight_tile=128)"}};
+  int failed = compare("models/tiny.moe", tiny8t, 3, 2, 1e-2, 1e-1) + compare("models/tiny.moe", tiny8x, 3, 2, 1e-2, 1e-1) + compare("models/l0_sanity.moe", l08x, 4, 2, 1e-2, 1e-1) +
                compare("models/tiny.moe", tiny8, 3, 2, 1e-2, 1e-1) + compare("models/l0_sanity.moe", l08, 4, 2, 1e-2, 1e-1);
   for (int fused = 0; fused <= 1; fused++)
     failed += compare("models/tiny.moe", tiny32, 3, fused, 1e-4, 1e-3) + compare("models/tiny.moe", gqa, 7, fused, 1e-4, 1e-3) +

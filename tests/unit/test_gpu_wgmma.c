@@ -127,7 +127,7 @@ static void test_rows(int variant, cg_dtype tc) {
     float *cub = falloc((S + SLACK) * N);
     int32_t hc[E];
     memcpy(hc, counts, sizeof hc);
-    CHECK(gpu_fp8_grouped_gemm(BL, hc, E, N, K, da, dsa, db, dsb, tc, dcm, N, err, sizeof err) == 0, "%s", err);
+    CHECK(gpu_fp8_grouped_gemm(BL, hc, E, N, K, da, dsa, db, dsb, 0, tc, dcm, N, err, sizeof err) == 0, "%s", err);
     get_f(cub, dcm, S * N, tc);
     double w2 = 0;
     int64_t bad2 = count_bad(cub, want, bound, S * N, tc, &w2);

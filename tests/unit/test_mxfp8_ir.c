@@ -3,7 +3,7 @@
  * E4M3 round-to-nearest-even), for zeros, E4M3 subnormals, 448 and just above, inf, NaN, an
  * all-zero block, negative values, and scale sharing in 128-aligned mode; column blocks and
  * blocks that restart at each expert group (the weight-gradient orientation); and the shape
- * rules of the two ops. (tests/unit/test_ck_numerics.c covers the element conversions.)
+ * rules of the two ops; the weight-tile quantize (128 x 128 squares). (tests/unit/test_ck_numerics.c covers the element conversions.)
  */
 #include <math.h>
 #include <stdio.h>
@@ -158,6 +158,73 @@ static void test_columns_and_groups(void) {
   printf("  column blocks and per-expert groups ok\n");
 }
 
+/* Weight tiles: each 128 x 128 square under the scale of its amax, the same values whichever
+ * axis; equal to quantizing the square's 16384 elements as one group; a NaN makes its square
+ * NaN and leaves the others; sides not multiples of 128 are refused. */
+static void test_tiles(void) {
+  enum { E = 2, A = 256, B = 384 };
+  float *x = malloc(sizeof(float) * E * A * B), *y = malloc(sizeof(float) * E * A * B), *sq = malloc(sizeof(float) * 128 * 128);
+  uint8_t *q = malloc(128 * 128);
+  for (int i = 0; i < E * A * B; i++) x[i] = sinf(0.011f * (float)i) * (float)(1 + (i / 128) % 9) * 0.3f;
+  x[(1 * A + 3) * B + 200] = 1e4f; /* square (1, 0, 1): its small values flush */
+  x[(0 * A + 200) * B + 10] = NAN;  /* square (0, 1, 0) */
+  CHECK(ck_mxfp8_qdq_tiles(x, y, E, A, B, 128) == CK_OK, "qdq_tiles");
+  int ok = 1, nan_ok = 1;
+  for (int e = 0; e < E; e++)
+    for (int i = 0; i < A; i += 128)
+      for (int j = 0; j < B; j += 128) {
+        for (int r = 0; r < 128; r++) memcpy(sq + r * 128, x + (e * A + i + r) * B + j, 128 * sizeof(float));
+        uint8_t code = ck_mxfp8_quantize_group(sq, 128 * 128, q);
+        for (int r = 0; r < 128; r++)
+          for (int c = 0; c < 128; c++) {
+            float got = y[(e * A + i + r) * B + j + c];
+            if (code == 0xFF) nan_ok &= isnan(got) != 0;
+            else ok &= got == ldexpf(ck_e4m3_to_float(q[r * 128 + c]), (int)code - 127);
+          }
+        if (e == 0 && i == 128 && j == 0) CHECK(code == 0xFF, "the NaN square's code is 0xFF");
+        else CHECK(code != 0xFF, "square (%d, %d, %d) is finite", e, i / 128, j / 128);
+      }
+  CHECK(ok && nan_ok, "each square is one group under its amax's scale");
+  /* as a graph: the quantize along axis 1 and along axis 2 give the same values */
+  ir_graph *g = ir_graph_new("tiles");
+  ir_attr pa[] = {ir_attr_str("name", "w"), ir_attr_str("init", "zeros")};
+  int p = ir_add_typed(g, OP_PARAM, NULL, 0, pa, 2, (ir_type){DT_F32, 3, {E, A, B, 0}}, L);
+  int outs[2];
+  for (int ax = 1; ax <= 2; ax++) {
+    ir_attr qa[] = {ir_attr_int("block", 32), ir_attr_int("axis", ax), ir_attr_int("share128", 1), ir_attr_int("tile", 128)};
+    int qn = ir_add(g, OP_MXFP8_QUANTIZE, &p, 1, qa, 4, L);
+    CHECK(qn >= 0, "tiled quantize along axis %d: %s", ax, g->err);
+    outs[ax - 1] = ir_add_typed(g, OP_MXFP8_DEQUANTIZE, &qn, 1, NULL, 0, (ir_type){DT_F32, 3, {E, A, B, 0}}, L);
+  }
+  g->outputs[0] = outs[0];
+  g->n_outputs = 1;
+  rt_params *ps = rt_params_new(g, 1);
+  memcpy(ps->p[0].w, x, sizeof(float) * E * A * B);
+  char err[256];
+  cpu_exec *cx = cpu_exec_new(g, ps, err, sizeof err);
+  CHECK(cx != NULL, "exec: %s", err);
+  cpu_exec_keep_all(cx, 1);
+  float o[1];
+  CHECK(cx && cpu_exec_run(cx, NULL, NULL, 0, o, NULL, err, sizeof err) == 0, "run: %s", err);
+  int64_t n1 = 0, n2 = 0;
+  const float *o1 = cx ? cpu_exec_value(cx, outs[0], &n1) : NULL, *o2 = cx ? cpu_exec_value(cx, outs[1], &n2) : NULL;
+  int eq = o1 && o2 && n1 == E * A * B && n2 == n1;
+  for (int i = 0; eq && i < E * A * B; i++) eq = same(o1[i], o2[i]) && same(o1[i], y[i]);
+  CHECK(eq, "tiled quantizes along axis 1 and 2 hold the same values, ck_mxfp8_qdq_tiles'");
+  cpu_exec_free(cx);
+  rt_params_free(ps);
+  /* shapes */
+  int p2 = ir_add_typed(g, OP_PARAM, NULL, 0, pa, 1, (ir_type){DT_F32, 3, {E, A, 200, 0}}, L);
+  ir_attr qa[] = {ir_attr_int("block", 32), ir_attr_int("axis", 1), ir_attr_int("share128", 1), ir_attr_int("tile", 128)};
+  CHECK(ir_add(g, OP_MXFP8_QUANTIZE, &p2, 1, qa, 4, L) < 0 && strstr(g->err, "multiples"), "%s", g->err);
+  ir_attr q64[] = {ir_attr_int("block", 32), ir_attr_int("axis", 1), ir_attr_int("share128", 1), ir_attr_int("tile", 64)};
+  CHECK(ir_add(g, OP_MXFP8_QUANTIZE, &p, 1, q64, 4, L) < 0 && strstr(g->err, "tile must be 0 or 128"), "%s", g->err);
+  CHECK(ck_mxfp8_qdq_tiles(x, y, E, A, 200, 128) == CK_ESHAPE, "qdq_tiles accepted a side of 200");
+  ir_graph_free(g);
+  free(x), free(y), free(sq), free(q);
+  printf("  weight tiles: one scale per 128 x 128 from its amax, the same either axis\n");
+}
+
 static void test_shape_rules(void) {
   ir_graph *g = ir_graph_new("mx");
   ir_attr pa[] = {ir_attr_str("name", "x")};
@@ -176,6 +243,7 @@ int main(void) {
   test_special_values();
   test_share128();
   test_columns_and_groups();
+  test_tiles();
   test_shape_rules();
   if (failures) {
     printf("test_mxfp8_ir: %d failures\n", failures);
