@@ -26,6 +26,9 @@
 #   og2fp8   og2_8x1b mxfp8(block=128) fused (FP8 expert GEMMs) + peer          [240 s]
 #   fp8      genos_1b mxfp8(block=128) fused: FP8 expert GEMMs, then MOEC_FP8_GEMM=0 [300 s]
 #   fp8peer  genos_1b mxfp8(block=128) fused (FP8 expert GEMMs) + peer, and the host's time line [200 s]
+#   fp8tile  genos_1b mxfp8(block=128, weight_tile=128) fused: expert weights in 128 x 128
+#            squares (cuBLASLt's square scales) + peer unless fp8peer/fp8prof/genos ran [200 s]
+#   og2tile  the same on og2_8x1b (+ peer unless og2fp8/og2 ran)                 [240 s]
 #   fp8prof  genos_1b mxfp8(block=128) fused with MOEC_PROFILE=kernels (runs the peer if genos or
 #            fp8peer did not) [150 s]
 #   stack    genos_1b mxfp8(block=128) fused, weights kept stacked and MOEC_STACK_VIEWS=0 (stacks
@@ -72,6 +75,7 @@ for part in "${parts[@]}"; do
     timeout 150 "$C/test_gpu_kernels" >"$L/kernels.log" 2>&1; echo "rc $?"
     grep -i "fail\|algorithm cache" "$L/kernels.log" | head -12; tail -1 "$L/kernels.log"
     [ -x "$C/test_gpu_nccl" ] && timeout 60 "$C/test_gpu_nccl" 2>&1 | tail -3
+    [ -x "$C/test_gpu_tiles" ] && { timeout 60 "$C/test_gpu_tiles" >"$L/tiles.log" 2>&1; echo "test_gpu_tiles rc $?"; grep -i "fail\|gemm" "$L/tiles.log" | head -6; tail -1 "$L/tiles.log"; }
     if [ -x "$C/test_gpu_fused" ]; then
       timeout 60 "$C/test_gpu_fused" >"$L/fused.log" 2>&1; echo "test_gpu_fused rc $?"
       grep -i "fail" "$L/fused.log" | head -8; tail -1 "$L/fused.log"
@@ -124,6 +128,13 @@ for part in "${parts[@]}"; do
     peer_from "$L/genos" "$L/fp8"; peer_from "$L/genos" "$L/fp8_off"
     bench LOGDIR=$L/fp8 PEER_SKIP=1 PRECISION='mxfp8(block=128)' MOEC_ARGS=$FUSED_MX timeout 150 bash bench/run_bench.sh genos_1b
     bench LOGDIR=$L/fp8_off PEER_SKIP=1 PRECISION='mxfp8(block=128)' MOEC_ARGS=$FUSED_MX MOEC_FP8_GEMM=0 timeout 150 bash bench/run_bench.sh genos_1b ;;
+  fp8tile)
+    peer_from "$L/fp8peer" "$L/fp8tile"; peer_from "$L/fp8prof" "$L/fp8tile"; peer_from "$L/genos" "$L/fp8tile"
+    bench LOGDIR=$L/fp8tile PEER_SKIP=1 PRECISION='mxfp8(block=128,weight_tile=128)' MOEC_ARGS=$FUSED_MX timeout 200 bash bench/run_bench.sh genos_1b
+    grep "^host" "$L/fp8tile/moec_genos_1b.out" ;;
+  og2tile)
+    peer_from "$L/og2fp8" "$L/og2tile"; peer_from "$L/og2" "$L/og2tile"
+    bench LOGDIR=$L/og2tile PEER_SKIP=1 PRECISION='mxfp8(block=128,weight_tile=128)' MOEC_ARGS=$FUSED_MX timeout 240 bash bench/run_bench.sh og2_8x1b ;;
   fp8peer)
     bench LOGDIR=$L/fp8peer PRECISION='mxfp8(block=128)' MOEC_ARGS=$FUSED_MX timeout 200 bash bench/run_bench.sh genos_1b
     grep "^host" "$L/fp8peer/moec_genos_1b.out" ;;
