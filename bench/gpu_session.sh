@@ -136,7 +136,8 @@ for part in "${parts[@]}"; do
     peer_from "$L/og2fp8" "$L/og2tile"; peer_from "$L/og2" "$L/og2tile"
     bench LOGDIR=$L/og2tile PEER_SKIP=1 PRECISION='mxfp8(block=128,weight_tile=128)' MOEC_ARGS=$FUSED_MX timeout 240 bash bench/run_bench.sh og2_8x1b ;;
   fp8peer)
-    bench LOGDIR=$L/fp8peer PRECISION='mxfp8(block=128)' MOEC_ARGS=$FUSED_MX timeout 200 bash bench/run_bench.sh genos_1b
+    peer_from "$L/fp8tile" "$L/fp8peer"
+    bench LOGDIR=$L/fp8peer PEER_SKIP=1 PRECISION='mxfp8(block=128)' MOEC_ARGS=$FUSED_MX timeout 200 bash bench/run_bench.sh genos_1b
     grep "^host" "$L/fp8peer/moec_genos_1b.out" ;;
   fp8prof)
     peer_from "$L/genos" "$L/fp8prof"; peer_from "$L/fp8peer" "$L/fp8prof"

@@ -15,10 +15,11 @@ static const char *const src =
     "// codes: the E8M0 code of each block of BLOCK along the rows of q, (E A, B / BLOCK) or\n"
     "// (E B, A / BLOCK), as mxfp8_quantize writes them for q's rows; blk: the f32 scales of\n"
     "// cuBLASLt's 128 x 128 block mode for each expert's (N, K) = q's matrix, seg floats an\n"
-    "// expert, square (nb, kb) at kb nN + nb (n_fast) or nb nK + kb. x: 16-byte aligned, rb:\n"
+    "// expert, (N / 128) rows of K / 128 rounded up to 4 (TE's GEMM-ready layout, which the\n"
+    "// H200's cuBLASLt reads; test_gpu_tiles). x: 16-byte aligned, rb:\n"
     "// each value rounded to bf16 first (a cast the quantize reads through).\n"
     "template <class T>\n"
-    "__device__ void mxfp8_quantize_tiles(const T *x, i64 A, i64 B, int rb, int tr, int n_fast, i64 seg, u8 *q, u8 *codes,\n"
+    "__device__ void mxfp8_quantize_tiles(const T *x, i64 A, i64 B, int rb, int tr, i64 seg, u8 *q, u8 *codes,\n"
     "                                     float *blk) {\n"
     "  __shared__ u32 sq[WT][WT / 4 + 1]; // (tr) the square's bytes as words, a word of padding a row\n"
     "  __shared__ u32 sh[WT_NT / 32];\n"
@@ -77,8 +78,8 @@ static const char *const src =
     "    for (int j = 0; j < 64; j += BLOCK) codes[row * (A / BLOCK) + (ta * WT + rh + j) / BLOCK] = (u8)code;\n"
     "  }\n"
     "  if (threadIdx.x == 0) {\n"
-    "    const i64 nb = tr ? tb : ta, kb = tr ? ta : tb, nN = tr ? nB : nA, nK = tr ? nA : nB;\n"
-    "    blk[e * seg + (n_fast ? kb * nN + nb : nb * nK + kb)] = code == 0xFF ? __uint_as_float(0x7fc00000u) : pow2f(code - 127);\n"
+    "    const i64 nb = tr ? tb : ta, kb = tr ? ta : tb, ldk = ((tr ? nA : nB) + 3) / 4 * 4;\n"
+    "    blk[e * seg + nb * ldk + kb] = code == 0xFF ? __uint_as_float(0x7fc00000u) : pow2f(code - 127);\n"
     "  }\n"
     "}\n";
 
@@ -90,7 +91,7 @@ void cg_emit_mxfp8_tiles(cg_buf *b, int emu) {
   for (int x = 0; x < CG_DT_COUNT; x++) {
     cg_dtype_kv(kv, (cg_dtype)x, (cg_dtype)x);
     cg_entry(b, CG_NT_MX, "moec_mxfp8_quantize_tiles_${x}",
-             "const ${X} *x, i64 A, i64 B, int rb, int tr, int n_fast, i64 seg, u8 *q, u8 *codes, float *blk",
+             "const ${X} *x, i64 A, i64 B, int rb, int tr, i64 seg, u8 *q, u8 *codes, float *blk",
              "mxfp8_quantize_tiles<${X}>", kv, emu);
   }
 }

@@ -1201,7 +1201,7 @@ static int fp8_pack(gx *x, int id) {
   v->sq = 0;
   if (tile) { /* one pass: the squares' codes, the bytes in the reader's orientation, the scales */
     v->sq = v->s8 + (gpu_ptr)vec_bytes;
-    rc = rt_cuda_mxfp8_quantize_tiles(KX, DT(x, n->in[0]), a->p, 0, E, A, B, block, kind == FP8_W_IN, 1, v->q8, codes,
+    rc = rt_cuda_mxfp8_quantize_tiles(KX, DT(x, n->in[0]), a->p, 0, E, A, B, block, kind == FP8_W_IN, v->q8, codes,
                                       v->sq);
   } else if (kind == FP8_W_IN)
     for (int64_t e = 0; e < E && rc == 0; e++)
@@ -1471,7 +1471,7 @@ static int exec_MXFP8_QUANTIZE(gx *x, int id) {
                      pool_buf(x, id, (size_t)(E * rt_cuda_tile_blk_floats(A, B)) * 4, &sq)
                  ? -1
                  : 0;
-    if (rc == 0) rc = ck(x, id, rt_cuda_mxfp8_quantize_tiles(KX, DT(x, N(id)->in[0]), a->p, 0, E, A, B, block, 0, 1, q, codes, sq));
+    if (rc == 0) rc = ck(x, id, rt_cuda_mxfp8_quantize_tiles(KX, DT(x, N(id)->in[0]), a->p, 0, E, A, B, block, 0, q, codes, sq));
     if (rc == 0) rc = ck(x, id, rt_cuda_mxfp8_dequantize(KX, DT(x, id), q, codes, E * A, B, block, x->val[id].p));
     if (q) pool_put(x->rt, q); /* those obtained; stream order keeps them for the queued work */
     if (codes) pool_put(x->rt, codes);

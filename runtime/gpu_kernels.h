@@ -266,12 +266,13 @@ int rt_cuda_mxfp8_quantize_cols(rt_cuda *k, cg_dtype t, gpu_ptr x /* (rows, cols
  * 128 x 128 square from its amax (ck_mxfp8_qdq_tiles' values). Writes q, the E4M3 bytes as
  * (E, A, B), or (E, B, A) with transpose; codes, q's per-row codes as rt_cuda_mxfp8_quantize
  * writes them ((E A, B / block) or (E B, A / block)); blk, per expert
- * rt_cuda_tile_blk_floats(A, B) f32 scales of the squares for cuBLASLt's 128 x 128 block mode
- * on q's (N, K) matrix: square (nb, kb) at kb (N / 128) + nb with n_fast, else nb (K / 128) + kb. */
+ * rt_cuda_tile_blk_floats(N, K) f32 scales of the squares for cuBLASLt's 128 x 128 block mode
+ * on q's (N, K) matrix: square (nb, kb) at nb ldk + kb, ldk = K / 128 rounded up to 4 (the
+ * layout the H200's cuBLASLt reads, Transformer Engine's "GEMM-ready" one). */
 int rt_cuda_mxfp8_quantize_tiles(rt_cuda *k, cg_dtype t, gpu_ptr x, int round_bf16, int64_t E, int64_t A, int64_t B,
-                                 int64_t block, int transpose, int n_fast, gpu_ptr q, gpu_ptr codes, gpu_ptr blk);
-/* Floats of one expert's square scales: the squares, rounded up to 16 bytes. */
-int64_t rt_cuda_tile_blk_floats(int64_t A, int64_t B);
+                                 int64_t block, int transpose, gpu_ptr q, gpu_ptr codes, gpu_ptr blk);
+/* Floats of one expert's square scales for a (N, K) matrix: N / 128 rows of ldk. */
+int64_t rt_cuda_tile_blk_floats(int64_t N, int64_t K);
 int rt_cuda_mxfp8_dequantize(rt_cuda *k, cg_dtype t, gpu_ptr q, gpu_ptr scale, int64_t rows, int64_t cols,
                              int64_t block, gpu_ptr x /* (rows, cols) */);
 /* FP8 GEMM operands (gpu_gemm_fp8, one GEMM per expert, one f32 scale per 128 of K). cuBLASLt

@@ -14,8 +14,8 @@
  *     op(B) K x N, sB[(k / 128) * N + j] (N fastest). Each 128-block's fp32 partial sum is
  *     multiplied by both scales and added to the accumulator (the promotion Hopper does);
  *   - BLK128x128_32F for A with VEC128_32F for B (the weight-tile recipe): one f32 per
- *     128 x 128 block of op(A), sA[(k / 128) * ceil(M / 128) + i / 128] (M's blocks fastest,
- *     as VEC128 keeps M fastest; test_gpu_tiles checks this order against the H200's cuBLASLt).
+ *     128 x 128 block of op(A), sA[(i / 128) * ldk + k / 128], ldk = ceil(K / 128) rounded up
+ *     to 4 (the order test_gpu_tiles found the H200's cuBLASLt to read: TE's GEMM-ready one).
  * FP8 runs only "TN" (op(A) = A^T, op(B) = B), as on Hopper; with VEC128_32F, M and N must be
  * multiples of 16 and the scales 16-byte aligned (moec's gpu_blas.h reports that the H200 has
  * no algorithm otherwise): the stand-in refuses what the real library refuses there, so that a
@@ -291,11 +291,11 @@ void compute(const Problem &p, const unsigned char *A, const unsigned char *B, c
     }
     std::fill(part.begin(), part.end(), 0.0f);
     block_product(ap.data(), bp.data(), part.data(), M, kb, 0, nj);
-    const int64_t mb = (M + 127) / 128;
-    const float *sak = sa + (k0 / 128) * (p.blk_a ? mb : M), *sbk = sb + (k0 / 128) * p.N;
+    const int64_t ldk = ((K + 127) / 128 + 3) / 4 * 4;
+    const float *sak = sa + (p.blk_a ? k0 / 128 : (k0 / 128) * M), *sbk = sb + (k0 / 128) * p.N;
     for (int64_t j = 0; j < nj; j++)
       for (int64_t i = 0; i < M; i++)
-        acc[(size_t)(j * M + i)] += part[(size_t)(j * M + i)] * ((p.blk_a ? sak[i / 128] : sak[i]) * sbk[j0 + j]);
+        acc[(size_t)(j * M + i)] += part[(size_t)(j * M + i)] * ((p.blk_a ? sak[(i / 128) * ldk] : sak[i]) * sbk[j0 + j]);
   }
   if (p.fp8 && !vec) {
     float s = (sa ? *sa : 1.0f) * (sb ? *sb : 1.0f);
@@ -469,7 +469,7 @@ cublasStatus_t cublasLtMatmul(void *handle, void *desc, const void *alpha, const
   struct { const void *ptr; size_t bytes; const char *what; } ext[] = {
       {A, span_bytes(*p.a), "A"}, {B, p.K ? span_bytes(*p.b) : 0, "B"}, {D, span_bytes(*p.d), "D"},
       {C, be != 0.0f ? span_bytes(*p.c) : 0, "C"},
-      {sa, !sa ? 0 : p.blk_a ? (size_t)((p.K + 127) / 128 * ((p.M + 127) / 128)) * 4
+      {sa, !sa ? 0 : p.blk_a ? (size_t)(((p.K + 127) / 128 + 3) / 4 * 4 * ((p.M + 127) / 128)) * 4
                   : p.scale_mode == SCALE_VEC128_32F ? (size_t)((p.K + 127) / 128 * p.M) * 4 : 4, "the A scales"},
       {sb, !sb ? 0 : p.scale_mode == SCALE_VEC128_32F ? (size_t)((p.K + 127) / 128 * p.N) * 4 : 4, "the B scales"}};
   if (p.K == 0) ext[0].bytes = 0;
