@@ -133,6 +133,15 @@ static void cmp(const char *what, const float *got, const float *want_in, int64_
   }
   free(want);
 }
+/* want (m, n) = x (m, k) . w (n, k)^T, summed in double: the exact product of exact values. */
+static inline void gemm_nt_ref(const float *x, const float *w, int64_t m, int64_t n, int64_t k, float *want) {
+  for (int64_t i = 0; i < m; i++)
+    for (int64_t j = 0; j < n; j++) {
+      double acc = 0;
+      for (int64_t l = 0; l < k; l++) acc += (double)x[i * k + l] * w[j * k + l];
+      want[i * n + j] = (float)acc;
+    }
+}
 static double maxabs(const float *x, int64_t n) {
   double m = 0.0;
   for (int64_t i = 0; i < n; i++) m = fmax(m, fabs(x[i]));

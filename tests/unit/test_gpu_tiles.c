@@ -110,12 +110,7 @@ static void test_gemm_tiles(void) {
   const int64_t dx[2] = {m, k};
   CHECK(ck_mxfp8_qdq(x, xd, 2, dx, 1, 32, 1, NULL, 0) == CK_OK && ck_mxfp8_qdq_tiles(w, wd, 1, n, k, 128) == CK_OK,
         "the CPU quantizes");
-  for (int64_t i = 0; i < m; i++)
-    for (int64_t j = 0; j < n; j++) {
-      double acc = 0;
-      for (int64_t l = 0; l < k; l++) acc += (double)xd[i * k + l] * wd[j * k + l];
-      want[i * n + j] = (float)acc;
-    }
+  gemm_nt_ref(xd, wd, m, n, k, want);
   gpu_ptr gx = up_f(x, m * k, CG_DT_BF16), gw = up_f(w, n * k, CG_DT_BF16);
   gpu_ptr qx = dmalloc((size_t)(m * k)), sx = dmalloc((size_t)(m * k / 32)), fx = dmalloc((size_t)(m * k / 128) * 4);
   gpu_ptr qw = dmalloc((size_t)(n * k)), cw = dmalloc((size_t)(n * k / 32)),
