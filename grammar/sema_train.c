@@ -232,7 +232,12 @@ static void precision(sema *S, ast_expr *e, diag_span *where) {
     c->mx_block = 32;
   }
   if (val[1] && !t_int(S, val[1], "weight_tile", 0, INT64_MAX, &c->mx_weight_tile)) {
-    if (c->mx_weight_tile != 0 && c->mx_weight_tile != 128) {
+    if (c->mx_weight_tile && c->precision != PREC_MXFP8) {
+      diag_error(S->d, val[1]->span,
+                 "weight_tile is an MXFP8 setting, but the precision is not mxfp8; write "
+                 "precision = mxfp8(block = 128, weight_tile = 128)");
+      c->mx_weight_tile = 0;
+    } else if (c->mx_weight_tile != 0 && c->mx_weight_tile != 128) {
       diag_error(S->d, val[1]->span, "the MXFP8 weight tile must be 128 (128 x 128 squares of one scale) or 0, got %" PRId64,
                  c->mx_weight_tile);
       c->mx_weight_tile = 0;
