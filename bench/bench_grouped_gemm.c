@@ -159,6 +159,9 @@ int main(int argc, char **argv) {
     int64_t K = models[mi].hidden;
     void *e0, *e1;
     gpu_event_new(G, &e0), gpu_event_new(G, &e1);
+    if (rt_cuda_mxfp8_quantize(KR, CG_DT_BF16, u.b, S, K, 32, 1, u.a, u.c) || /* warm-up: compile and load */
+        rt_cuda_mxfp8_scales_vec128(KR, u.c, S, K, 32, 0, 0, 0, u.sa))
+      die(rt_cuda_error(KR));
     gpu_event_record(G, e0);
     for (int i = 0; i < reps; i++)
       if (rt_cuda_mxfp8_quantize(KR, CG_DT_BF16, u.b, S, K, 32, 1, u.a, u.c) ||
@@ -169,6 +172,36 @@ int main(int argc, char **argv) {
     if (gpu_event_elapsed(G, e0, e1, &ms) != 0) die("timing");
     printf("{\"model\":\"%s\",\"quantize\":\"(%d, %lld) bf16\",\"ms\":%.4f,\"GB_per_s\":%.0f}\n", models[mi].name, S,
            (long long)K, ms / reps, (double)S * K * (2 + 1 + 1.0 / 32) / (ms / reps * 1e6));
+  }
+  /* the GroupedMLP's memory-bound kernels at each model's shapes (S rows, F = ffn), bytes
+     moved / time: the split backward from the stored MXFP8 gate_up, the activation quantize,
+     and the gate_up weight's square quantize (E, H, 2F) transposed */
+  const gpu_ptr MB = (gpu_ptr)1 << 20;
+  for (size_t mi = 0; mi < sizeof models / sizeof models[0]; mi++) {
+    int64_t F = models[mi].ffn, H = models[mi].hidden;
+    gpu_ptr out = u.c, act = u.c + 2 * (gpu_ptr)(S * F) * 2, dp = act + (gpu_ptr)(S * F) * 2 + MB;
+    for (int kn = 0; kn < 3; kn++) {
+      double bytes = kn == 0 ? (double)S * F * (4 + 2 + 2 * 4 + 2) : kn == 1 ? (double)S * F * (4 + 1) : (double)E * H * 2 * F * 3;
+      for (int r = -1; r < reps; r++) { /* r = -1: warm-up */
+        void *e0, *e1;
+        gpu_event_new(G, &e0), gpu_event_new(G, &e1);
+        gpu_event_record(G, e0);
+        int rc = kn == 0 ? rt_cuda_mlp_bwd_split_mx(KR, CG_DT_BF16, u.a, 0, 2 * F, u.b, u.b + (gpu_ptr)(S * 2 * F), 32, u.sa, out,
+                                                    act, dp, S, F)
+               : kn == 1 ? rt_cuda_mxfp8_quantize_act(KR, CG_DT_BF16, u.a, 2 * F, u.sa, S, F, 32, 1, u.c, u.c + 200 * MB)
+                         : rt_cuda_mxfp8_quantize_tiles(KR, CG_DT_BF16, u.a, 0, E, H, 2 * F, 32, 1, u.c, u.c + 200 * MB,
+                                                        u.c + 300 * MB);
+        if (rc) die(rt_cuda_error(KR));
+        gpu_event_record(G, e1);
+        float ms = 0;
+        if (gpu_event_elapsed(G, e0, e1, &ms) != 0) die("timing");
+        gpu_event_free(G, e0), gpu_event_free(G, e1);
+        if (r == reps - 1) /* the last, warm */
+          printf("{\"model\":\"%s\",\"kernel\":\"%s\",\"ms\":%.4f,\"GB_per_s\":%.0f}\n", models[mi].name,
+                 kn == 0 ? "mlp_bwd_split (MXFP8 gate_up)" : kn == 1 ? "mxfp8_quantize_act" : "mxfp8_quantize_tiles (E, H, 2F)^T",
+                 ms, bytes / (ms * 1e6));
+      }
+    }
   }
   gpu_wgmma_free(WG);
   gpu_blas_free(BL);

@@ -19,6 +19,8 @@ for path in sys.argv[1:]:
         if not line.startswith("{"):
             print(line.rstrip()); continue
         r = json.loads(line)
+        if "kernel" in r:
+            print(f"kernel {r['model']} {r['kernel']}: {r['ms']:.3f} ms, {r['GB_per_s']} GB/s"); continue
         if "quantize" in r:
             print(f"quantize {r['model']} {r['quantize']}: {r['ms']:.3f} ms, {r['GB_per_s']} GB/s"); continue
         key = (r["model"], r["weight"], r["routing"], r["pass"])
