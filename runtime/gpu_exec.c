@@ -1201,8 +1201,11 @@ static int fp8_pack(gx *x, int id) {
   v->sq = 0;
   if (tile) { /* one pass: the squares' codes, the bytes in the reader's orientation, the scales */
     v->sq = v->s8 + (gpu_ptr)vec_bytes;
-    rc = rt_cuda_mxfp8_quantize_tiles(KX, DT(x, n->in[0]), a->p, 0, E, A, B, block, kind == FP8_W_IN, v->q8, codes,
-                                      v->sq);
+    if (sx) {
+      pool_put(x->rt, codes);
+      return fail(x, id, "internal error: a weight in squares read through a slice's window");
+    }
+    rc = rt_cuda_mxfp8_quantize_tiles(KX, t, src, rb, E, A, B, block, kind == FP8_W_IN, v->q8, codes, v->sq);
   } else if (kind == FP8_W_IN)
     for (int64_t e = 0; e < E && rc == 0; e++)
       rc = rt_cuda_mxfp8_quantize_cols(KX, t, a->p + (gpu_ptr)((size_t)(e * A * B) * es), A, B, block, 1,
