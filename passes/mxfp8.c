@@ -263,8 +263,9 @@ int pass_mxfp8(ir_graph **gp, FILE *err) {
       const ir_type *st = &NODE(q->src)->type;
       const int64_t wt = g->cfg.mx_weight_tile; /* sides not multiples of the tile keep 1 x 128 */
       const int tile = wt && share && q->counts < 0 && st->rank == 3 && st->dims[1] % wt == 0 && st->dims[2] % wt == 0;
+      /* the fifth attribute, tile, is passed only for a tiled weight */
       ir_attr a[] = {ir_attr_int("block", block), ir_attr_int("axis", q->axis), ir_attr_int("share128", share),
-                     ir_attr_str("role", q->role), ir_attr_int("tile", g->cfg.mx_weight_tile)};
+                     ir_attr_str("role", q->role), ir_attr_int("tile", wt)};
       int qin[2] = {r.map[q->src], q->counts >= 0 ? r.map[q->counts] : -1};
       q->q = rw_emit(&r, OP_MXFP8_QUANTIZE, qin, q->counts >= 0 ? 2 : 1, a, tile ? 5 : 4, NODE(q->src)->loc);
     }
