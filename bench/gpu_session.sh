@@ -36,10 +36,18 @@
 #   ggemm    bench/grouped_gemm.sh: expert GEMMs bf16 / fp8 vs torch._grouped_mm [150 s]
 #   wgmma    test_gpu_wgmma (the device-driven FP8 grouped GEMM against the CPU), then the
 #            grouped-GEMM bench with each of its variants, WGV="0 1" (needs both in the carry) [330 s]
+#   tileprof genos_1b mxfp8(block=128, weight_tile=128) fused with MOEC_PROFILE=kernels (reuses
+#            the peer of fp8prof/fp8peer/fp8tile/genos; compare op by op with fp8prof)      [150 s]
 #   fp8wg    genos_1b mxfp8(block=128) fused: FP8 expert GEMMs on the wgmma kernel
 #            (MOEC_FP8_GEMM=wgmma), then on cuBLASLt (the default), side by side (+ peer) [330 s]
 #   long     genos_1b at seq 131,072, batch 1 (issue 6): moec mxfp8(block=128) fused and bf16,
 #            4 steps each, then the peer at the same length (expected to run out of memory) [300 s]
+# where the GPU's time goes, from Nsight Compute (ncu: per-kernel GPU time, no event gaps)
+#   ncustep  genos_1b mxfp8(block=128, weight_tile=128) fused, step 5 alone under ncu: every
+#            kernel's own time summed by kernel, against the unprofiled step (the GPU's idle share) [200 s]
+#   ncustepmx  the same with mxfp8(block=128)                                                  [200 s]
+#   ncukern  ncu's speed-of-light, memory, occupancy, warp-stall and source sections for
+#            mlp_bwd_split and quantize_act in bench_grouped_gemm (genos and og2 shapes)          [120 s]
 # training
 #   chr20    l0_sanity on human chr20, STEPS20 (2000) steps: bf16 (naive and fused pipelines)
 #            and mxfp8(block=128), side by side on the GPU; final validation losses [300 s]
@@ -143,6 +151,10 @@ for part in "${parts[@]}"; do
     peer_from "$L/genos" "$L/fp8prof"; peer_from "$L/fp8peer" "$L/fp8prof"
     bench LOGDIR=$L/fp8prof PEER_SKIP=1 PRECISION='mxfp8(block=128)' MOEC_ARGS=$FUSED_MX MOEC_PROFILE=kernels timeout 150 bash bench/run_bench.sh genos_1b
     grep -A110 "GPU profile" "$L/fp8prof/moec_genos_1b.out" | grep -v "^  %" | head -80 ;;
+  tileprof)
+    for d in fp8prof fp8peer fp8tile genos; do peer_from "$L/$d" "$L/tileprof"; done
+    bench LOGDIR=$L/tileprof PEER_SKIP=1 PRECISION='mxfp8(block=128,weight_tile=128)' MOEC_ARGS=$FUSED_MX MOEC_PROFILE=kernels timeout 150 bash bench/run_bench.sh genos_1b
+    grep -A110 "GPU profile" "$L/tileprof/moec_genos_1b.out" | grep -v "^  %" | head -80 ;;
   fp8wg)
     peer_from "$L/genos" "$L/fp8wg"; peer_from "$L/fp8prof" "$L/fp8wg"
     bench LOGDIR=$L/fp8wg PEER_SKIP=1 PRECISION='mxfp8(block=128)' MOEC_ARGS=$FUSED_MX MOEC_FP8_GEMM=wgmma timeout 200 bash bench/run_bench.sh genos_1b
@@ -152,6 +164,22 @@ for part in "${parts[@]}"; do
     for d in stack stack_off; do peer_from "$L/genos" "$L/$d"; peer_from "$L/fp8prof" "$L/$d"; done
     bench LOGDIR=$L/stack PEER_SKIP=1 PRECISION='mxfp8(block=128)' MOEC_ARGS=$FUSED_MX timeout 120 bash bench/run_bench.sh genos_1b
     bench LOGDIR=$L/stack_off PEER_SKIP=1 PRECISION='mxfp8(block=128)' MOEC_ARGS=$FUSED_MX MOEC_STACK_VIEWS=0 timeout 120 bash bench/run_bench.sh genos_1b ;;
+  ncustep|ncustepmx)
+    prec='mxfp8(block=128,weight_tile=128)'; [ $part = ncustepmx ] && prec='mxfp8(block=128)'
+    NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+    MOEC_PROFILE_STEP=5 timeout 200 "$NCU" --profile-from-start off --clock-control none --cache-control none \
+      --metrics gpu__time_duration.sum --csv --log-file "$L/$part.csv" "$C/moec" train models/genos_1b.moe --device cuda \
+      --set precision="$prec" --steps 5 --set val_every=0 --val-batches 1 --data data/chr20_slice.fa.gz \
+      --log "$L/$part.jsonl" $FUSED_MX >"$L/$part.out" 2>&1; echo "ncu rc $?"
+    step_ms=$(grep '"step":4,' "$L/$part.jsonl" | sed 's/.*"tokens_per_s":\([0-9.]*\).*/\1/' | awk '{printf "%.2f", 8192000 / $1}')
+    echo "$prec: step 4 (unprofiled, ncu attached) $step_ms ms"
+    python3 bench/ncu_sum.py "$L/$part.csv" $step_ms ;;
+  ncukern)
+    NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+    timeout 120 "$NCU" --clock-control none -k regex:'mlp_bwd_split|mxfp8_quantize_act' -c 8 --section SpeedOfLight \
+      --section MemoryWorkloadAnalysis --section Occupancy --section WarpStateStats --section LaunchStats \
+      --section SourceCounters "$C/bench_grouped_gemm" 1 >"$L/ncukern.txt" 2>&1; echo "ncu rc $?"
+    grep -E "^  moec_|Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Theoretical Occupancy|Registers Per|Warp Cycles Per Issued|Block Limit Reg|Stall|stall" "$L/ncukern.txt" | head -120 ;;
   ggemm)
     BENCH=$C/bench_grouped_gemm timeout 150 bash bench/grouped_gemm.sh 20 "$L/ggemm" ;;
   wgmma)

@@ -106,6 +106,10 @@ static CUresult (*tensor_map_encode_tiled)(void *map, int dtype, unsigned rank, 
                                            const uint64_t *strides, const unsigned *box, const unsigned *elem_strides,
                                            int interleave, int swizzle, int l2_promotion, int oob_fill);
 
+/* cuProfilerStart / cuProfilerStop, also optional: they only bound what `ncu
+ * --profile-from-start off` records (MOEC_PROFILE_STEP, runtime/train.c). */
+static CUresult (*profiler_start)(void), (*profiler_stop)(void);
+
 static pthread_once_t load_once = PTHREAD_ONCE_INIT;
 static int load_rc = -1;
 static char load_err[512];
@@ -197,6 +201,8 @@ static void load_driver(void) {
   GPU_DRIVER_FUNCS(X)
 #undef X
   *(void **)&tensor_map_encode_tiled = dlsym(h, "cuTensorMapEncodeTiled"); /* optional: TMA (gpu_wgmma.c) */
+  *(void **)&profiler_start = dlsym(h, "cuProfilerStart");
+  *(void **)&profiler_stop = dlsym(h, "cuProfilerStop");
   CUresult r = cu.Init(0);
   if (r != CUDA_SUCCESS) {
     char rs[256];
@@ -541,6 +547,16 @@ int gpu_launch(gpu_ctx *g, void *fn, const char *name, const unsigned grid[3], c
         block[0], block[1], block[2], smem);
     return fail(g, r, what);
   }
+  return 0;
+}
+
+int gpu_profiler_range(gpu_ctx *g, int on) {
+  CUresult (*f)(void) = on ? profiler_start : profiler_stop;
+  if (!f) {
+    fmt(g->err, sizeof g->err, "this NVIDIA driver has no cuProfilerStart/cuProfilerStop");
+    return -1;
+  }
+  CALL(g, f(), on ? "cuProfilerStart" : "cuProfilerStop");
   return 0;
 }
 

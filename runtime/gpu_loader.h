@@ -116,6 +116,9 @@ int gpu_launch(gpu_ctx *g, void *fn, const char *name, const unsigned grid[3],
 /* A TMA descriptor (CUtensorMap, 128 bytes, 64-byte aligned, at map) of the row-major byte
  * matrix (rows, cols) at base: boxes of box_cols x box_rows with the 128-byte swizzle (wgmma's
  * K-major form), zeros read outside. -1 where the driver lacks TMA. */
+/* on = 1: cuProfilerStart, 0: cuProfilerStop -- what an external profiler started with
+ * `ncu --profile-from-start off` records lies between them. */
+int gpu_profiler_range(gpu_ctx *g, int on);
 int gpu_tensor_map_u8_2d(gpu_ctx *g, void *map, gpu_ptr base, uint64_t rows, uint64_t cols, unsigned box_cols,
                          unsigned box_rows);
 /* Raises a kernel's dynamic shared memory limit (above 48 KiB needs this). */

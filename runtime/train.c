@@ -454,6 +454,8 @@ static int train_rank(rank_ctx *r) {
      host's went (gpu_host_stats) */
   double timed_s = 0;
   gpu_host_stats hs_sum = {0};
+  const char *pstep_env = getenv("MOEC_PROFILE_STEP");
+  const long long profile_step = pstep_env ? atoll(pstep_env) : 0;
   int64_t timed_steps = 0;
   rc = 0;
   while (ps->step < end) {
@@ -462,11 +464,17 @@ static int train_rank(rank_ctx *r) {
     const gpu_host_stats hs0 = ex.rt ? gpu_runtime_host_stats(ex.rt) : (gpu_host_stats){0};
     float out[8];
     data_train_rows(d, s - 1, B * r->world, (int64_t)r->rank * B, B, tok, lab);
+    /* MOEC_PROFILE_STEP=N: step N alone inside cuProfilerStart/Stop, for `ncu --profile-from-start
+       off` (every kernel's own time, none of MOEC_PROFILE's event gaps; bench/ncu_step.sh) */
+    const int ncu_range = ex.rt && profile_step > 0 && s == profile_step;
+    if (ncu_range && gpu_profiler_range(gpu_runtime_ctx(ex.rt), 1))
+      fprintf(msgf, "moec: warning: MOEC_PROFILE_STEP: %s\n", gpu_error(gpu_runtime_ctx(ex.rt)));
     if (exec_run(&ex, 0, tok, lab, s, out, &gnorm, err, sizeof err)) {
       fprintf(msgf, "\n%s\n", err);
       rc = 1;
       break;
     }
+    if (ncu_range) gpu_profiler_range(gpu_runtime_ctx(ex.rt), 0);
     ps->step = s;
     loss = out[0];
     if (ex.rt && gpu_runtime_live_bytes(ex.rt) > held_between) held_between = gpu_runtime_live_bytes(ex.rt);
