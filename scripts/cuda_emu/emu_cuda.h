@@ -45,6 +45,7 @@ inline float __int_as_float(int i) { float f; std::memcpy(&f, &i, 4); return f; 
 inline float __uint_as_float(unsigned i) { float f; std::memcpy(&f, &i, 4); return f; }
 inline unsigned __float_as_uint(float f) { unsigned i; std::memcpy(&i, &f, 4); return i; }
 inline float __expf(float x) { return expf(x); }
+inline float __fdividef(float x, float y) { return x / y; }
 inline float __logf(float x) { return logf(x); }
 inline int __popc(unsigned x) { return __builtin_popcount(x); }
 
