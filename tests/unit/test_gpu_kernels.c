@@ -162,6 +162,19 @@ static void test_embedding(cg_dtype t) {
   get_f(gt, ddt, (int64_t)V * H, CG_DT_F32);
   cmp("embedding bwd dtable += (f32)", gt, dtable, (int64_t)V * H, CG_DT_F32, -1, 0);
   expect_flag("embedding", CK_OK);
+  { /* the backward over several windows of tokens (codegen's EB_WIN = 2048), a few hot rows,
+       from the table gradient both sides hold now */
+    enum { TL = 5003 };
+    int32_t *tl = malloc(sizeof(int32_t) * TL);
+    for (int i = 0; i < TL; i++) tl[i] = rng_int(i % 7 ? 4 : V);
+    float *dyl = rnd((int64_t)TL * H, -1, 1, t);
+    gpu_ptr dtl = up_raw(tl, sizeof(int32_t) * TL), ddyl = up_f(dyl, (int64_t)TL * H, t);
+    CHECK(ck_embedding_bwd(tl, dyl, dtable, TL, V, H) == CK_OK, "ck_embedding_bwd (long)");
+    RUN(rt_cuda_embedding_bwd(K, t, dtl, ddyl, ddt, TL, V, H));
+    get_f(gt, ddt, (int64_t)V * H, CG_DT_F32);
+    cmp("embedding bwd, 5003 tokens", gt, dtable, (int64_t)V * H, CG_DT_F32, -1, 0);
+    free(tl), free(dyl);
+  }
 
   tok[T / 2] = V; /* a bad token is reported, not read */
   upload(dtok, tok, sizeof tok);
