@@ -75,6 +75,8 @@ typedef struct {
 } algo_entry;
 #define ALGO_CACHE 512
 
+enum { LANES_MAX = 4 };
+
 struct gpu_blas {
   gpu_ctx *g;
   const gpu_blas_api *api;
@@ -83,6 +85,12 @@ struct gpu_blas {
   size_t workspace_bytes;
   algo_entry cache[ALGO_CACHE];
   long queries;
+  /* Lanes (gpu_blas_fork): extra streams, each with its own workspace (two GEMMs in flight
+   * must not share one), made on the first fork. lane: where the next call goes, -1 = g's
+   * own stream (outside a fork, or lanes == 1). */
+  int lanes, lane, lanes_made;
+  void *lane_stream[LANES_MAX], *lane_done[LANES_MAX], *forked;
+  gpu_ptr lane_ws[LANES_MAX];
 };
 
 long gpu_blas_queries(const gpu_blas *b) { return b->queries; }
@@ -97,6 +105,10 @@ gpu_blas *gpu_blas_new(gpu_ctx *g, char *err, size_t errlen) {
   }
   b->g = g;
   b->api = api;
+  b->lane = -1;
+  const char *ls = getenv("MOEC_GEMM_STREAMS");
+  b->lanes = ls && *ls ? atoi(ls) : 2;
+  b->lanes = b->lanes < 1 ? 1 : b->lanes > LANES_MAX ? LANES_MAX : b->lanes;
   int st = api->Create(&b->handle);
   if (st != 0) {
     snprintf(err, errlen, "cublasLtCreate failed: %s", api->GetStatusString(st));
@@ -114,6 +126,12 @@ gpu_blas *gpu_blas_new(gpu_ctx *g, char *err, size_t errlen) {
 
 void gpu_blas_free(gpu_blas *b) {
   if (!b) return;
+  for (int i = 0; i < LANES_MAX; i++) {
+    if (b->lane_ws[i]) gpu_free(b->g, b->lane_ws[i]);
+    if (b->lane_done[i]) gpu_event_free(b->g, b->lane_done[i]);
+    gpu_stream_free(b->g, b->lane_stream[i]);
+  }
+  if (b->forked) gpu_event_free(b->g, b->forked);
   if (b->workspace) gpu_free(b->g, b->workspace);
   if (b->handle) b->api->Destroy(b->handle);
   free(b);
@@ -158,8 +176,10 @@ typedef struct {
 
 static int run_algo(gpu_blas *b, const lt_call *c, const gpu_blas_algo *algo) {
   const double t0 = gpu_clock_s();
+  const int l = b->lane;
   int st = b->api->Matmul(b->handle, c->desc, &c->alpha, c->a, c->la, c->b, c->lb, &c->beta, c->c, c->lc, c->c, c->lc,
-                          algo, (void *)(uintptr_t)b->workspace, b->workspace_bytes, gpu_stream(b->g));
+                          algo, (void *)(uintptr_t)(l >= 0 ? b->lane_ws[l] : b->workspace), b->workspace_bytes,
+                          l >= 0 ? b->lane_stream[l] : gpu_stream(b->g));
   gpu_note_issue(b->g, t0);
   return st;
 }
@@ -167,6 +187,7 @@ static int run_algo(gpu_blas *b, const lt_call *c, const gpu_blas_algo *algo) {
 /* Mean GPU time (ms) of TUNE_REPS back-to-back runs of algo; -1 when it refuses or fails. The
  * events bracket only these runs: whatever the stream held before completes first. */
 static float time_algo(gpu_blas *b, const lt_call *c, const gpu_blas_algo *algo, void *ev0, void *ev1) {
+  /* run_cached puts a call that needed choosing on g's stream, where these events are */
   if (run_algo(b, c, algo) != 0) return -1;
   if (gpu_event_record(b->g, ev0) != 0) return -1;
   for (int r = 0; r < TUNE_REPS; r++)
@@ -238,15 +259,23 @@ static int run_cached(gpu_blas *b, const lt_call *call, const int64_t key[12], c
   const size_t kb = 12 * sizeof *key;
   algo_entry *e = cache_slot(b, key, kb);
   int st = -1;
+  const int lane = b->lane;
   for (int attempt = 0; attempt < 2 && st != 0; attempt++) {
-    if ((attempt == 1 || !e->used || memcmp(e->key, key, kb) != 0) && pick_algo(b, call, e, key, kb, mnk) != 0) {
-      snprintf(err, errlen, "cuBLASLt has no algorithm for a %s (%lld x %lld x %lld, batch %d)", what,
-               (long long)mnk[0], (long long)mnk[1], (long long)mnk[2], batch);
-      return -1;
+    if (attempt == 1 || !e->used || memcmp(e->key, key, kb) != 0) {
+      /* choosing times candidates on g's stream (its events are there), and this call, which
+         writes the same C, follows them there rather than racing them on a lane */
+      b->lane = -1;
+      if (pick_algo(b, call, e, key, kb, mnk) != 0) {
+        b->lane = lane;
+        snprintf(err, errlen, "cuBLASLt has no algorithm for a %s (%lld x %lld x %lld, batch %d)", what,
+                 (long long)mnk[0], (long long)mnk[1], (long long)mnk[2], batch);
+        return -1;
+      }
     }
     gpu_note_work(b->g, what);
     st = run_algo(b, call, &e->algo);
   }
+  b->lane = lane;
   if (st != 0) {
     snprintf(err, errlen, "cublasLtMatmul failed (status %d: %s) on a %s, %lld x %lld x %lld", st,
              b->api->GetStatusString(st), what, (long long)mnk[0], (long long)mnk[1], (long long)mnk[2]);
@@ -357,4 +386,41 @@ int gpu_gemm_fp8_blocks(gpu_blas *b, int64_t m, int64_t n, int64_t k, gpu_ptr A,
   rc = 0;
 done:
   return finish(b, rc, desc, la, lb, lc, "cuBLASLt setup failed (fp8 gemm)", err, errlen);
+}
+
+/* ---- lanes: independent GEMMs on several streams ---- */
+int gpu_blas_fork(gpu_blas *b, char *err, size_t errlen) {
+  if (b->lanes <= 1 || b->lane >= 0) return 0;
+  if (!b->lanes_made) {
+    for (int i = 0; i < b->lanes; i++)
+      if (gpu_stream_new(b->g, &b->lane_stream[i]) != 0 || gpu_event_new(b->g, &b->lane_done[i]) != 0 ||
+          gpu_alloc(b->g, &b->lane_ws[i], b->workspace_bytes, "a cuBLASLt workspace (MOEC_GEMM_STREAMS)") != 0)
+        goto fail;
+    if (gpu_event_new(b->g, &b->forked) != 0) goto fail;
+    b->lanes_made = 1;
+  }
+  if (gpu_event_record(b->g, b->forked) != 0) goto fail;
+  for (int i = 0; i < b->lanes; i++)
+    if (gpu_stream_wait(b->g, b->lane_stream[i], b->forked) != 0) goto fail;
+  b->lane = 0;
+  return 0;
+fail:
+  snprintf(err, errlen, "%s (MOEC_GEMM_STREAMS=1 runs the expert GEMMs on one stream)", gpu_error(b->g));
+  return -1;
+}
+
+void gpu_blas_next_lane(gpu_blas *b) {
+  if (b->lane >= 0) b->lane = (b->lane + 1) % b->lanes;
+}
+
+int gpu_blas_join(gpu_blas *b, char *err, size_t errlen) {
+  if (b->lane < 0) return 0;
+  b->lane = -1;
+  for (int i = 0; i < b->lanes; i++)
+    if (gpu_event_record_on(b->g, b->lane_done[i], b->lane_stream[i]) != 0 ||
+        gpu_stream_wait(b->g, NULL, b->lane_done[i]) != 0) {
+      snprintf(err, errlen, "%s", gpu_error(b->g));
+      return -1;
+    }
+  return 0;
 }

@@ -1116,14 +1116,18 @@ static int ggemm_blas(gx *x, int id, const int32_t *cnt, int64_t E, cg_dtype ta,
   char e_[512];
   size_t sa = ta == CG_DT_BF16 ? 2 : 4, sb = tb == CG_DT_BF16 ? 2 : 4, sc = tc == CG_DT_BF16 ? 2 : 4;
   int64_t r0 = 0;
-  for (int64_t e = 0; e < E; r0 += cnt[e++]) {
+  int rc = gpu_blas_fork(x->rt->blas, e_, sizeof e_); /* disjoint rows of C: the experts may overlap */
+  for (int64_t e = 0; e < E && rc == 0; r0 += cnt[e++]) {
     if (cnt[e] == 0) continue;
     gpu_mat A = {ta, a + (gpu_ptr)((size_t)(r0 * lda) * sa), lda, 0, 0};
     gpu_mat B = {tb, b + (gpu_ptr)((size_t)(e * K * N) * sb), trans_b ? K : N, 0, trans_b};
     gpu_mat C = {tc, c + (gpu_ptr)((size_t)(r0 * ldc) * sc), ldc, 0, 0};
-    if (gpu_gemm(x->rt->blas, cnt[e], N, K, 1.0f, &A, &B, 0.0f, &C, 1, e_, sizeof e_) != 0) return fail(x, id, "%s", e_);
+    rc = gpu_gemm(x->rt->blas, cnt[e], N, K, 1.0f, &A, &B, 0.0f, &C, 1, e_, sizeof e_);
+    gpu_blas_next_lane(x->rt->blas);
   }
-  return 0;
+  char j_[256];
+  if (gpu_blas_join(x->rt->blas, j_, sizeof j_) != 0 && rc == 0) snprintf(e_, sizeof e_, "%s", j_), rc = -1;
+  return rc ? fail(x, id, "%s", e_) : 0;
 }
 
 #define DIMOF(id, k, d) (x->g->nodes[N(id)->in[k]].type.dims[d])
@@ -1320,18 +1324,22 @@ static int exec_GROUPED_LINEAR_WGRAD(gx *x, int id) {
     cg_dtype ta = DT(x, N(id)->in[0]), tc = DT(x, id);
     size_t sa = dsize(x->g->nodes[N(id)->in[0]].type.dtype), sc = dsize(t->dtype);
     char e_[512];
-    for (int64_t e = 0; e < t->dims[0]; r0 += cnt[e++]) {
+    int rc = gpu_blas_fork(x->rt->blas, e_, sizeof e_); /* one expert's gradient each: disjoint */
+    for (int64_t e = 0; e < t->dims[0] && rc == 0; r0 += cnt[e++]) {
       gpu_ptr dw = x->val[id].p + (gpu_ptr)((size_t)(e * in * out) * sc);
       if (cnt[e] == 0) {
-        if (gpu_memset8(x->rt->g, dw, 0, (size_t)(in * out) * sc) != 0) return fail(x, id, "%s", gpu_error(x->rt->g));
+        if (gpu_memset8(x->rt->g, dw, 0, (size_t)(in * out) * sc) != 0) snprintf(e_, sizeof e_, "%s", gpu_error(x->rt->g)), rc = -1;
         continue;
       }
       gpu_mat A = {ta, a->p + (gpu_ptr)((size_t)(r0 * in) * sa), in, 0, 1};
       gpu_mat B = {ta, V(id, 1)->p + (gpu_ptr)((size_t)(r0 * out) * sa), out, 0, 0};
       gpu_mat C = {tc, dw, out, 0, 0};
-      if (gpu_gemm(x->rt->blas, in, out, cnt[e], 1.0f, &A, &B, 0.0f, &C, 1, e_, sizeof e_) != 0) return fail(x, id, "%s", e_);
+      rc = gpu_gemm(x->rt->blas, in, out, cnt[e], 1.0f, &A, &B, 0.0f, &C, 1, e_, sizeof e_);
+      gpu_blas_next_lane(x->rt->blas);
     }
-    return 0;
+    char j_[256];
+    if (gpu_blas_join(x->rt->blas, j_, sizeof j_) != 0 && rc == 0) snprintf(e_, sizeof e_, "%s", j_), rc = -1;
+    return rc ? fail(x, id, "%s", e_) : 0;
   }
   return ck(x, id, rt_cuda_grouped_linear_wgrad(KX, DT(x, N(id)->in[0]), DT(x, N(id)->in[1]), DT(x, id), a->p, V(id, 1)->p,
                                                 V(id, 2)->p, x->val[id].p, a->rows, t->dims[0], t->dims[1], t->dims[2]));

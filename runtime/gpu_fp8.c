@@ -10,44 +10,47 @@ int gpu_fp8_grouped_gemm(gpu_blas *b, const int32_t *counts, int64_t E, int64_t 
                          gpu_ptr qb, gpu_ptr sb, gpu_ptr sq, cg_dtype tc, gpu_ptr c, int64_t ldc, char *err, size_t errlen) {
   size_t cs = tc == CG_DT_BF16 ? 2 : 4;
   int64_t r0 = 0, soa = 0;
-  for (int64_t e = 0; e < E; e++) {
+  int rc = gpu_blas_fork(b, err, errlen); /* the experts' GEMMs write disjoint rows of C */
+  for (int64_t e = 0; e < E && rc == 0; e++) {
     int64_t m = counts[e], mp = fp8_rows(m);
     if (m > 0) {
       gpu_mat C = {tc, c + (gpu_ptr)((size_t)(r0 * ldc) * cs), ldc, 0, 0};
       /* squares: one scale per 128 x 128 of the weight (faster than 1 x 128 on the H200) */
       gpu_ptr sbe = sq ? sq + (gpu_ptr)(e * rt_cuda_tile_blk_floats(N, K) * 4)
                        : sb + (gpu_ptr)(e * fp8_scale_floats(fp8_rows(N), K) * 4);
-      if (gpu_gemm_fp8_blocks(b, mp, N, K, qa + (gpu_ptr)(r0 * K), sa + (gpu_ptr)(soa * 4), qb + (gpu_ptr)(e * N * K), sbe,
-                              sq != 0, &C, err, errlen) != 0)
-        return -1;
+      rc = gpu_gemm_fp8_blocks(b, mp, N, K, qa + (gpu_ptr)(r0 * K), sa + (gpu_ptr)(soa * 4), qb + (gpu_ptr)(e * N * K),
+                               sbe, sq != 0, &C, err, errlen);
+      gpu_blas_next_lane(b);
     }
     r0 += m;
     soa += fp8_scale_floats(mp, K);
   }
-  return 0;
+  char jerr[256];
+  if (gpu_blas_join(b, jerr, sizeof jerr) != 0 && rc == 0) snprintf(err, errlen, "%s", jerr), rc = -1;
+  return rc;
 }
 
 int gpu_fp8_grouped_wgrad(gpu_blas *b, gpu_ctx *g, const int32_t *counts, int64_t E, int64_t M, int64_t N, gpu_ptr qa,
                           gpu_ptr sa, gpu_ptr qb, gpu_ptr sb, cg_dtype tc, gpu_ptr c, char *err, size_t errlen) {
   size_t cs = tc == CG_DT_BF16 ? 2 : 4;
   int64_t poff = 0;
-  for (int64_t e = 0; e < E; e++) {
+  int rc = gpu_blas_fork(b, err, errlen); /* one expert's gradient each: disjoint */
+  for (int64_t e = 0; e < E && rc == 0; e++) {
     int64_t P = ((int64_t)counts[e] + 127) / 128 * 128;
     gpu_ptr dw = c + (gpu_ptr)((size_t)(e * M * N) * cs);
-    if (P == 0) {
-      if (gpu_memset8(g, dw, 0, (size_t)(M * N) * cs) != 0) {
-        snprintf(err, errlen, "%s", gpu_error(g));
-        return -1;
-      }
+    if (P == 0) { /* on g's stream: after the fork, before the join, like the lanes */
+      if (gpu_memset8(g, dw, 0, (size_t)(M * N) * cs) != 0) snprintf(err, errlen, "%s", gpu_error(g)), rc = -1;
       continue;
     }
     gpu_mat C = {tc, dw, N, 0, 0};
-    if (gpu_gemm_fp8(b, M, N, P, qa + (gpu_ptr)(M * poff), sa + (gpu_ptr)(M * poff / 128 * 4), qb + (gpu_ptr)(N * poff),
-                     sb + (gpu_ptr)(N * poff / 128 * 4), &C, err, errlen) != 0)
-      return -1;
+    rc = gpu_gemm_fp8(b, M, N, P, qa + (gpu_ptr)(M * poff), sa + (gpu_ptr)(M * poff / 128 * 4), qb + (gpu_ptr)(N * poff),
+                      sb + (gpu_ptr)(N * poff / 128 * 4), &C, err, errlen);
+    gpu_blas_next_lane(b);
     poff += P;
   }
-  return 0;
+  char jerr[256];
+  if (gpu_blas_join(b, jerr, sizeof jerr) != 0 && rc == 0) snprintf(err, errlen, "%s", jerr), rc = -1;
+  return rc;
 }
 
 /* ---- the plan ---- */
