@@ -57,8 +57,9 @@ void gpu_blas_free(gpu_blas *b);
 /* Lanes: the GEMMs issued between gpu_blas_fork and gpu_blas_join may run at once, spread
  * over MOEC_GEMM_STREAMS streams (default 2, at most 4; 1 = g's stream only) that start after
  * the work queued before the fork and that g's stream waits for at the join. gpu_blas_next_lane
- * moves the next GEMM to the next stream. For GEMMs that write disjoint outputs (one expert's
- * rows each): one expert's tail and the next one's start overlap instead of leaving SMs idle.
+ * moves the next GEMM to the next stream. Only for GEMMs whose outputs are disjoint (an expert's
+ * weight gradient each; bf16 rows of exact counts -- not the FP8 row GEMMs, whose padded rows
+ * spill into the next expert's): one expert's tail and the next one's start overlap.
  * A call that must choose its algorithm (a new shape class) runs on g's stream. Always join
  * after a fork, also after a failed GEMM. (MOEC_PROFILE=kernels times work on g's stream:
  * set MOEC_GEMM_STREAMS=1 for its per-kernel times.) */

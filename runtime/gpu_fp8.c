@@ -10,7 +10,10 @@ int gpu_fp8_grouped_gemm(gpu_blas *b, const int32_t *counts, int64_t E, int64_t 
                          gpu_ptr qb, gpu_ptr sb, gpu_ptr sq, cg_dtype tc, gpu_ptr c, int64_t ldc, char *err, size_t errlen) {
   size_t cs = tc == CG_DT_BF16 ? 2 : 4;
   int64_t r0 = 0, soa = 0;
-  int rc = gpu_blas_fork(b, err, errlen); /* the experts' GEMMs write disjoint rows of C */
+  /* One stream, in expert order, no lanes: each GEMM writes its padded row count mp, so its
+     last mp - m rows land on the next expert's first rows, which that expert's GEMM then
+     overwrites -- only if it runs later. (On two lanes genos_1b's loss went NaN.) */
+  int rc = 0;
   for (int64_t e = 0; e < E && rc == 0; e++) {
     int64_t m = counts[e], mp = fp8_rows(m);
     if (m > 0) {
@@ -20,13 +23,10 @@ int gpu_fp8_grouped_gemm(gpu_blas *b, const int32_t *counts, int64_t E, int64_t 
                        : sb + (gpu_ptr)(e * fp8_scale_floats(fp8_rows(N), K) * 4);
       rc = gpu_gemm_fp8_blocks(b, mp, N, K, qa + (gpu_ptr)(r0 * K), sa + (gpu_ptr)(soa * 4), qb + (gpu_ptr)(e * N * K),
                                sbe, sq != 0, &C, err, errlen);
-      gpu_blas_next_lane(b);
     }
     r0 += m;
     soa += fp8_scale_floats(mp, K);
   }
-  char jerr[256];
-  if (gpu_blas_join(b, jerr, sizeof jerr) != 0 && rc == 0) snprintf(err, errlen, "%s", jerr), rc = -1;
   return rc;
 }
 
