@@ -28,8 +28,8 @@
 #   fp8peer  genos_1b mxfp8(block=128) fused (FP8 expert GEMMs) + peer, and the host's time line [200 s]
 #   fp8tile  genos_1b mxfp8(block=128, weight_tile=128) fused: expert weights in 128 x 128
 #            squares (cuBLASLt's square scales) + peer unless fp8peer/fp8prof/genos ran [200 s]
-#   fp8tile1, fp8tile4  fp8tile with the expert GEMMs on 1 or 4 streams (MOEC_GEMM_STREAMS;
-#            default 2), reusing fp8tile's peer                                   [100 s each]
+#   fp8tile2, fp8tile4  fp8tile with the disjoint expert GEMMs on 2 or 4 streams
+#            (MOEC_GEMM_STREAMS; default 1), reusing fp8tile's peer                                  [100 s each]
 #   genosbf  genos_1b bf16 (the default pipeline), reusing the peer of fp8tile/fp8peer/genos [100 s]
 #   og2bf    og2_8x1b bf16, reusing the peer of og2tile/og2fp8/og2                 [150 s]
 #   og2tile  the same on og2_8x1b (+ peer unless og2fp8/og2 ran)                 [240 s]
@@ -145,7 +145,7 @@ for part in "${parts[@]}"; do
     peer_from "$L/fp8peer" "$L/fp8tile"; peer_from "$L/fp8prof" "$L/fp8tile"; peer_from "$L/genos" "$L/fp8tile"
     bench LOGDIR=$L/fp8tile PEER_SKIP=1 PRECISION='mxfp8(block=128,weight_tile=128)' MOEC_ARGS=$FUSED_MX timeout 200 bash bench/run_bench.sh genos_1b
     grep "^host" "$L/fp8tile/moec_genos_1b.out" ;;
-  fp8tile1|fp8tile4)
+  fp8tile2|fp8tile4)
     peer_from "$L/fp8tile" "$L/$part"
     bench LOGDIR=$L/$part PEER_SKIP=1 MOEC_GEMM_STREAMS=${part#fp8tile} PRECISION='mxfp8(block=128,weight_tile=128)' MOEC_ARGS=$FUSED_MX timeout 150 bash bench/run_bench.sh genos_1b ;;
   genosbf)

@@ -107,7 +107,7 @@ gpu_blas *gpu_blas_new(gpu_ctx *g, char *err, size_t errlen) {
   b->api = api;
   b->lane = -1;
   const char *ls = getenv("MOEC_GEMM_STREAMS");
-  b->lanes = ls && *ls ? atoi(ls) : 2;
+  b->lanes = ls && *ls ? atoi(ls) : 1; /* off by default: no gain measured yet (bench/RESULTS.md) */
   b->lanes = b->lanes < 1 ? 1 : b->lanes > LANES_MAX ? LANES_MAX : b->lanes;
   int st = api->Create(&b->handle);
   if (st != 0) {

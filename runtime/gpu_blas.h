@@ -55,7 +55,7 @@ gpu_blas *gpu_blas_new(gpu_ctx *g, char *err, size_t errlen);
 void gpu_blas_free(gpu_blas *b);
 
 /* Lanes: the GEMMs issued between gpu_blas_fork and gpu_blas_join may run at once, spread
- * over MOEC_GEMM_STREAMS streams (default 2, at most 4; 1 = g's stream only) that start after
+ * over MOEC_GEMM_STREAMS streams (default 1 = g's stream only, at most 4) that start after
  * the work queued before the fork and that g's stream waits for at the join. gpu_blas_next_lane
  * moves the next GEMM to the next stream. Only for GEMMs whose outputs are disjoint (an expert's
  * weight gradient each; bf16 rows of exact counts -- not the FP8 row GEMMs, whose padded rows
