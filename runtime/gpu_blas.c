@@ -405,7 +405,15 @@ int gpu_blas_fork(gpu_blas *b, char *err, size_t errlen) {
   b->lane = 0;
   return 0;
 fail:
-  snprintf(err, errlen, "%s (MOEC_GEMM_STREAMS=1 runs the expert GEMMs on one stream)", gpu_error(b->g));
+  /* lanes are an optimisation: without their streams or workspaces (out of memory), say so
+     once and go on with one stream */
+  if (!b->lanes_made) {
+    fprintf(stderr, "moec: warning: MOEC_GEMM_STREAMS=%d: %s; the expert GEMMs run on one stream\n", b->lanes,
+            gpu_error(b->g));
+    b->lanes = 1;
+    return 0;
+  }
+  snprintf(err, errlen, "%s", gpu_error(b->g));
   return -1;
 }
 

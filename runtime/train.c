@@ -465,7 +465,7 @@ static int train_rank(rank_ctx *r) {
     float out[8];
     data_train_rows(d, s - 1, B * r->world, (int64_t)r->rank * B, B, tok, lab);
     /* MOEC_PROFILE_STEP=N: step N alone inside cuProfilerStart/Stop, for `ncu --profile-from-start
-       off` (every kernel's own time, none of MOEC_PROFILE's event gaps; bench/ncu_step.sh) */
+       off` (every kernel's own time, none of MOEC_PROFILE's event gaps; gpu_session.sh ncustep) */
     const int ncu_range = ex.rt && profile_step > 0 && s == profile_step;
     if (ncu_range && gpu_profiler_range(gpu_runtime_ctx(ex.rt), 1))
       fprintf(msgf, "moec: warning: MOEC_PROFILE_STEP: %s\n", gpu_error(gpu_runtime_ctx(ex.rt)));

@@ -178,6 +178,12 @@ int main(void) {
   for (int fused = 0; fused <= 1; fused++)
     failed += compare("models/tiny.moe", tiny32, 3, fused, 1e-4, 1e-3) + compare("models/tiny.moe", gqa, 7, fused, 1e-4, 1e-3) +
               compare("models/tiny.moe", tiny16, 3, fused, 1e-2, 1e-1) + compare("models/l0_sanity.moe", l0, 4, fused, 1e-2, 1e-1);
+  /* the disjoint expert GEMMs (FP8 weight gradients, bf16 fused experts) on two lanes
+     (MOEC_GEMM_STREAMS, read when the runtime makes its cuBLASLt handle) */
+  setenv("MOEC_GEMM_STREAMS", "2", 1);
+  printf("with MOEC_GEMM_STREAMS=2:\n");
+  failed += compare("models/tiny.moe", tiny8x, 3, 2, 1e-2, 1e-1) + compare("models/tiny.moe", tiny16, 3, 1, 1e-2, 1e-1);
+  unsetenv("MOEC_GEMM_STREAMS");
   if (failed) {
     fprintf(stderr, "test_gpu_step: %d failures\n", failed);
     return 1;
