@@ -421,14 +421,14 @@ void gpu_blas_next_lane(gpu_blas *b) {
   if (b->lane >= 0) b->lane = (b->lane + 1) % b->lanes;
 }
 
-int gpu_blas_join(gpu_blas *b, char *err, size_t errlen) {
-  if (b->lane < 0) return 0;
+int gpu_blas_join(gpu_blas *b, int rc, char *err, size_t errlen) {
+  if (b->lane < 0) return rc;
   b->lane = -1;
   for (int i = 0; i < b->lanes; i++)
     if (gpu_event_record_on(b->g, b->lane_done[i], b->lane_stream[i]) != 0 ||
         gpu_stream_wait(b->g, NULL, b->lane_done[i]) != 0) {
-      snprintf(err, errlen, "%s", gpu_error(b->g));
+      if (rc == 0) snprintf(err, errlen, "%s", gpu_error(b->g)); /* the first failure's message stays */
       return -1;
     }
-  return 0;
+  return rc;
 }

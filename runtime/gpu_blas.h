@@ -61,11 +61,13 @@ void gpu_blas_free(gpu_blas *b);
  * weight gradient each; bf16 rows of exact counts -- not the FP8 row GEMMs, whose padded rows
  * spill into the next expert's): one expert's tail and the next one's start overlap.
  * A call that must choose its algorithm (a new shape class) runs on g's stream. Always join
- * after a fork, also after a failed GEMM. (MOEC_PROFILE=kernels times work on g's stream:
- * set MOEC_GEMM_STREAMS=1 for its per-kernel times.) */
+ * after a fork, also after a failed GEMM: join returns rc, the loop's result (0, or -1 with
+ * its message in err), or -1 with its own message when it fails after a clean loop.
+ * (MOEC_PROFILE=kernels times work on g's stream: set MOEC_GEMM_STREAMS=1 for its per-kernel
+ * times.) */
 int gpu_blas_fork(gpu_blas *b, char *err, size_t errlen);
 void gpu_blas_next_lane(gpu_blas *b);
-int gpu_blas_join(gpu_blas *b, char *err, size_t errlen);
+int gpu_blas_join(gpu_blas *b, int rc, char *err, size_t errlen);
 
 /* One operand of a (strided-batched) row-major GEMM: data of `dtype`, leading dimension ld
  * (elements between rows), stride (elements between batch entries), transposed or not. */

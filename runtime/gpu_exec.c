@@ -1125,9 +1125,7 @@ static int ggemm_blas(gx *x, int id, const int32_t *cnt, int64_t E, cg_dtype ta,
     rc = gpu_gemm(x->rt->blas, cnt[e], N, K, 1.0f, &A, &B, 0.0f, &C, 1, e_, sizeof e_);
     gpu_blas_next_lane(x->rt->blas);
   }
-  char j_[256];
-  if (gpu_blas_join(x->rt->blas, j_, sizeof j_) != 0 && rc == 0) snprintf(e_, sizeof e_, "%s", j_), rc = -1;
-  return rc ? fail(x, id, "%s", e_) : 0;
+  return gpu_blas_join(x->rt->blas, rc, e_, sizeof e_) ? fail(x, id, "%s", e_) : 0;
 }
 
 #define DIMOF(id, k, d) (x->g->nodes[N(id)->in[k]].type.dims[d])
@@ -1337,9 +1335,7 @@ static int exec_GROUPED_LINEAR_WGRAD(gx *x, int id) {
       rc = gpu_gemm(x->rt->blas, in, out, cnt[e], 1.0f, &A, &B, 0.0f, &C, 1, e_, sizeof e_);
       gpu_blas_next_lane(x->rt->blas);
     }
-    char j_[256];
-    if (gpu_blas_join(x->rt->blas, j_, sizeof j_) != 0 && rc == 0) snprintf(e_, sizeof e_, "%s", j_), rc = -1;
-    return rc ? fail(x, id, "%s", e_) : 0;
+    return gpu_blas_join(x->rt->blas, rc, e_, sizeof e_) ? fail(x, id, "%s", e_) : 0;
   }
   return ck(x, id, rt_cuda_grouped_linear_wgrad(KX, DT(x, N(id)->in[0]), DT(x, N(id)->in[1]), DT(x, id), a->p, V(id, 1)->p,
                                                 V(id, 2)->p, x->val[id].p, a->rows, t->dims[0], t->dims[1], t->dims[2]));

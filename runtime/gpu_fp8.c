@@ -13,21 +13,21 @@ int gpu_fp8_grouped_gemm(gpu_blas *b, const int32_t *counts, int64_t E, int64_t 
   /* One stream, in expert order, no lanes: each GEMM writes its padded row count mp, so its
      last mp - m rows land on the next expert's first rows, which that expert's GEMM then
      overwrites -- only if it runs later. (On two lanes genos_1b's loss went NaN.) */
-  int rc = 0;
-  for (int64_t e = 0; e < E && rc == 0; e++) {
+  for (int64_t e = 0; e < E; e++) {
     int64_t m = counts[e], mp = fp8_rows(m);
     if (m > 0) {
       gpu_mat C = {tc, c + (gpu_ptr)((size_t)(r0 * ldc) * cs), ldc, 0, 0};
       /* squares: one scale per 128 x 128 of the weight (faster than 1 x 128 on the H200) */
       gpu_ptr sbe = sq ? sq + (gpu_ptr)(e * rt_cuda_tile_blk_floats(N, K) * 4)
                        : sb + (gpu_ptr)(e * fp8_scale_floats(fp8_rows(N), K) * 4);
-      rc = gpu_gemm_fp8_blocks(b, mp, N, K, qa + (gpu_ptr)(r0 * K), sa + (gpu_ptr)(soa * 4), qb + (gpu_ptr)(e * N * K),
-                               sbe, sq != 0, &C, err, errlen);
+      if (gpu_gemm_fp8_blocks(b, mp, N, K, qa + (gpu_ptr)(r0 * K), sa + (gpu_ptr)(soa * 4), qb + (gpu_ptr)(e * N * K), sbe,
+                              sq != 0, &C, err, errlen) != 0)
+        return -1;
     }
     r0 += m;
     soa += fp8_scale_floats(mp, K);
   }
-  return rc;
+  return 0;
 }
 
 int gpu_fp8_grouped_wgrad(gpu_blas *b, gpu_ctx *g, const int32_t *counts, int64_t E, int64_t M, int64_t N, gpu_ptr qa,
@@ -48,9 +48,7 @@ int gpu_fp8_grouped_wgrad(gpu_blas *b, gpu_ctx *g, const int32_t *counts, int64_
     gpu_blas_next_lane(b);
     poff += P;
   }
-  char jerr[256];
-  if (gpu_blas_join(b, jerr, sizeof jerr) != 0 && rc == 0) snprintf(err, errlen, "%s", jerr), rc = -1;
-  return rc;
+  return gpu_blas_join(b, rc, err, errlen);
 }
 
 /* ---- the plan ---- */
