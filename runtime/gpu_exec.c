@@ -33,6 +33,7 @@ typedef struct {
   /* wb_ld > 0: the copy is a window of a stacked expert weight (rows of wb_cols elements,
    * wb_ld apart, inside one of gpu_runtime.stacks), not an allocation of its own */
   int64_t wb_cols, wb_ld;
+  int squares; /* 1 + the index of the stack kept as squares that holds it (dev_stack); 0: none */
 } dev_param;
 
 /* The bf16 copies of a stack's parameters laid out as the stack (gpu_views.h, VIEW_STACKED):
@@ -41,6 +42,14 @@ typedef struct {
   int *params; /* (n) parameter indices, in the stack's operand order */
   int n;
   gpu_ptr p;
+  /* squares (the weight-tile recipe on cuBLASLt, plan_stacks): instead of bf16 copies the stack
+   * is kept as the FP8 operands its quantizes make -- q[0] (E, A, B) as the stack, q[1]
+   * (E, B, A) transposed, blk[] their square scales -- and AdamW writes them with the weights
+   * (rt_cuda_adamw_squares, parameter table tab): no copy written, no quantize reading it.
+   * fresh: they are the current weights' squares. */
+  int squares, fresh, block;
+  int64_t E, A, B;
+  gpu_ptr q[2], blk[2], tab;
 } dev_stack;
 
 struct gpu_runtime {
@@ -129,7 +138,10 @@ void gpu_runtime_free(gpu_runtime *rt) {
   }
   free(rt->dp);
   for (int i = 0; i < rt->n_stacks; i++) {
-    gpu_free(rt->g, rt->stacks[i].p);
+    dev_stack *sk = &rt->stacks[i];
+    gpu_free(rt->g, sk->p);
+    for (int k = 0; k < 2; k++) gpu_free(rt->g, sk->q[k]), gpu_free(rt->g, sk->blk[k]);
+    gpu_free(rt->g, sk->tab);
     free(rt->stacks[i].params);
   }
   free(rt->stacks);
@@ -152,6 +164,7 @@ int gpu_runtime_upload(gpu_runtime *rt, const rt_params *ps, char *err, size_t e
     }
     rt->dp[i].wb_fresh = 0;
   }
+  for (int s = 0; s < rt->n_stacks; s++) rt->stacks[s].fresh = 0;
   return 0;
 }
 
@@ -224,6 +237,7 @@ struct gpu_exec {
   gpu_fp8_plan fp8;       /* which expert GEMMs run in FP8 (MOEC_FP8_GEMM=0: none) */
   gpu_wgmma *wgmma;       /* their kernel: device-driven wgmma (MOEC_FP8_GEMM=wgmma), or NULL: cuBLASLt per expert */
   uint8_t *view;          /* (n_nodes) gpu_view: a value read through its input (gpu_views.h) */
+  int *stack_of;          /* (n_nodes) a VIEW_STACKED stack's index in rt->stacks, -1 otherwise */
   gpu_comm *comm;         /* data/expert parallelism: this rank's collectives (gpu_exec_set_comm) */
   void **comm_done;       /* (n_nodes) an all_reduce's end on the communication stream (made on first use) */
   uint8_t *comm_pending;  /* (n_nodes) 1: that all_reduce may still run; the stream waits before a reader */
@@ -933,6 +947,79 @@ static rt_cuda_adamw_tensor adamw_entry(gx *x, int a) {
                                  p->wb_ld ? p->wb_ld : n}};
 }
 
+/* ---- stacks kept as squares (dev_stack.squares) ---- */
+/* Stack sk's squares made from the weights as they are (the first step, or after an upload). */
+static int squares_refresh(gx *x, int id, dev_stack *sk) {
+  if (sk->fresh) return 0;
+  if (ck(x, id, rt_cuda_adamw_squares(KX, sk->tab, (int)(sk->n / sk->E), sk->E, sk->A, sk->B, CG_DT_F32, 0, 0, NULL, 0.0,
+                                      sk->block, sk->q[0], sk->blk[0], sk->q[1], sk->blk[1])))
+    return -1;
+  sk->fresh = 1;
+  return 0;
+}
+
+/* Entry j of t (parameter `param`) as part `part` of expert e of stack sk: its gradient a
+ * window of the stacked gradient g0 (E, A, B) of dtype gt. */
+static int squares_grad_fits(const dev_stack *sk, const rt_cuda_adamw_tensor *t, cg_dtype gt, gpu_ptr g0, int64_t e,
+                             int64_t c0, int64_t w) {
+  const rt_cuda_adamw_win *wn = &t->win;
+  const int64_t es = gt == CG_DT_BF16 ? 2 : 4;
+  return t->g == g0 + (gpu_ptr)((e * sk->A * sk->B + c0) * es) &&
+         ((wn->g_cols == w && wn->g_ld == sk->B) || (wn->g_cols == wn->g_ld && w == sk->B));
+}
+
+/* The AdamW run t (n entries, from node id) for the parameters of stacks kept as squares: one
+ * rt_cuda_adamw_squares a stack whose parameters are all in the run, with one weight decay and
+ * their gradients windows of one stacked gradient; those entries leave t (*n shrinks). A
+ * stack only partly so keeps its entries and its squares go stale (its next quantize remakes
+ * them from the weights). */
+static int squares_adamw(gx *x, int id, cg_dtype gt, const rt_cuda_adamw_hp *hp, gpu_ptr gnorm, rt_cuda_adamw_tensor *t,
+                         int *n) {
+  gpu_runtime *rt = x->rt;
+  int *at = NULL; /* (ps->n) a parameter's entry in t, -1: none */
+  for (int s = 0; s < rt->n_stacks; s++) {
+    dev_stack *sk = &rt->stacks[s];
+    if (!sk->squares) continue;
+    if (!at) {
+      if (!(at = malloc((size_t)rt->ps->n * sizeof *at))) return fail(x, id, "out of host memory");
+      for (int i = 0; i < rt->ps->n; i++) at[i] = -1;
+      for (int j = 0; j < *n; j++)
+        for (int i = 0; i < rt->ps->n; i++)
+          if (rt->dp[i].w == t[j].p) at[i] = j;
+    }
+    int in_run = 0, all = 1;
+    const int64_t parts = sk->n / sk->E;
+    const int j00 = at[sk->params[0]];
+    for (int64_t part = 0, c0 = 0; part < parts; c0 += rt->ps->p[sk->params[part * sk->E]].numel / sk->A, part++)
+      for (int64_t e = 0; e < sk->E; e++) {
+        const int j = at[sk->params[part * sk->E + e]];
+        in_run |= j >= 0;
+        all &= j >= 0 && j00 >= 0 && t[j].wd == t[j00].wd &&
+               squares_grad_fits(sk, &t[j], gt, t[j00].g, e, c0, rt->ps->p[sk->params[part * sk->E + e]].numel / sk->A);
+      }
+    if (!in_run) continue;
+    if (!all) {
+      sk->fresh = 0;
+      continue;
+    }
+    if (ck(x, id, rt_cuda_adamw_squares(KX, sk->tab, (int)parts, sk->E, sk->A, sk->B, gt, t[j00].g, gnorm, hp, t[j00].wd, sk->block, sk->q[0], sk->blk[0], sk->q[1], sk->blk[1]))) {
+      free(at);
+      return -1;
+    }
+    sk->fresh = 1;
+    for (int k = 0; k < sk->n; k++) {
+      rt->dp[sk->params[k]].wb_fresh = 0; /* a copy of its own, if another graph made one, is stale */
+      t[at[sk->params[k]]].n = -1;        /* done */
+    }
+  }
+  int m = 0;
+  for (int j = 0; j < *n; j++)
+    if (t[j].n >= 0) t[m++] = t[j];
+  *n = m;
+  free(at);
+  return 0;
+}
+
 /* The run of AdamW nodes from id with id's gradient storage and norm (they stand together at
  * the step's end) goes in one rt_cuda_adamw_multi; the run's later nodes then find it done. */
 static int exec_ADAMW(gx *x, int id) {
@@ -951,7 +1038,9 @@ static int exec_ADAMW(gx *x, int id) {
   rt_cuda_adamw_tensor *t = malloc((size_t)(end - id) * sizeof *t);
   if (!t) return fail(x, id, "out of host memory");
   for (int a = id; a < end; a++) t[a - id] = adamw_entry(x, a);
-  int rc = ck(x, id, rt_cuda_adamw_multi(KX, gt, t, end - id, V(id, 2)->p, &hp));
+  int nt = end - id;
+  int rc = squares_adamw(x, id, gt, &hp, V(id, 2)->p, t, &nt);
+  if (rc == 0) rc = ck(x, id, rt_cuda_adamw_multi(KX, gt, t, nt, V(id, 2)->p, &hp));
   free(t);
   x->aw_from = id, x->aw_until = end - 1;
   return rc;
@@ -1034,7 +1123,12 @@ static int exec_STACK(gx *x, int id) {
   const ir_type *t = &N(id)->type;
   int64_t E = t->dims[0], in = t->dims[1], C = t->dims[2], parts = N(id)->n_in / E, c0 = 0;
   size_t es = dsize(t->dtype);
-  if (x->view[id] == VIEW_STACKED) { /* the parameters' copies are the stack: refresh stale ones */
+  const dev_stack *sk = x->stack_of[id] >= 0 ? &x->rt->stacks[x->stack_of[id]] : NULL;
+  if (sk && sk->squares && !x->keep_all) { /* its quantizes take the squares (fp8_pack) */
+    x->val[id] = (dev_value){.rows = E, .numel = E * in * C};
+    return 0;
+  }
+  if (sk && !sk->squares) { /* the parameters' copies are the stack: refresh stale ones */
     for (int j = 0; j < N(id)->n_in; j++)
       if (fresh_copy(x, id, x->param_index[N(N(id)->in[j])->in[0]])) return -1;
     x->val[id] = (dev_value){.p = x->rt->dp[x->param_index[N(N(id)->in[0])->in[0]]].wb, .rows = E, .numel = E * in * C};
@@ -1195,6 +1289,14 @@ static int fp8_pack(gx *x, int id) {
   size_t codes_bytes = (size_t)(E * N_ * K / block);
   gpu_ptr codes = 0;
   const int64_t tile = ir_get_int(n, "tile", 0);
+  if (tile && x->stack_of[r] >= 0 && x->rt->stacks[x->stack_of[r]].squares) { /* kept as squares: not owned */
+    dev_stack *sk = &x->rt->stacks[x->stack_of[r]];
+    if (squares_refresh(x, id, sk)) return -1;
+    const int tr = kind == FP8_W_IN;
+    v->q8 = sk->q[tr], v->s8 = 0, v->sq = sk->blk[tr];
+    v->q8_bytes = v->s8_bytes = 0;
+    return 0;
+  }
   /* squares: the VEC128 scales (the wgmma kernel's, and cuBLASLt's fallback) then the squares' */
   const size_t vec_bytes = (size_t)(E * fp8_scale_floats(fp8_rows(N_), K)) * 4,
                sq_bytes = tile ? (size_t)(E * rt_cuda_tile_blk_floats(N_, K)) * 4 : 0;
@@ -1533,16 +1635,75 @@ static void hcounts_release(gx *x) {
 
 void gpu_exec_set_comm(gpu_exec *x, gpu_comm *c) { x->comm = c; }
 
+/* Whether stack id (VIEW_STACKED) can be kept as squares (dev_stack.squares): the weight-tile
+ * recipe on cuBLASLt, every reader a weight quantize in squares that writes its packed form
+ * only, whole squares in every part. MOEC_SQUARES=0 keeps bf16 copies (for side-by-side timing). */
+static int squares_ok(gx *x, int id) {
+  const char *env = getenv("MOEC_SQUARES");
+  const ir_node *st = N(id);
+  const int64_t E = st->type.dims[0];
+  if ((env && strcmp(env, "0") == 0) || x->wgmma || st->type.dims[1] % 128 || st->n_in % E) return 0;
+  for (int j = 0; j < st->n_in; j += (int)E)
+    if (COLS(st->in[j]) % 128) return 0;
+  int readers = 0;
+  for (int r = 0; r < x->g->n_nodes; r++)
+    for (int k = 0; k < N(r)->n_in; k++) {
+      if (N(r)->in[k] != id) continue;
+      if (N(r)->op != OP_MXFP8_QUANTIZE || !ir_get_int(N(r), "tile", 0) || x->fp8.values[r] ||
+          (x->fp8.kind[r] != FP8_W_IN && x->fp8.kind[r] != FP8_W_OUT))
+        return 0;
+      readers++;
+    }
+  return readers > 0;
+}
+
+/* Stack sk (stack node id) kept as squares: both orientations, their scales, the parameters'
+ * table; no bf16 copies. */
+static int squares_alloc(gx *x, int id, dev_stack *sk, char *err, size_t errlen) {
+  gpu_runtime *rt = x->rt;
+  const ir_node *st = N(id);
+  sk->E = st->type.dims[0], sk->A = st->type.dims[1], sk->B = st->type.dims[2];
+  for (int r = 0; r < x->g->n_nodes && !sk->block; r++)
+    if (N(r)->op == OP_MXFP8_QUANTIZE && N(r)->in[0] == id) sk->block = (int)ir_get_int(N(r), "block", 32);
+  const size_t qb = (size_t)(sk->E * sk->A * sk->B);
+  rt_cuda_sq_param *tab = malloc((size_t)sk->n * sizeof *tab);
+  if (!tab) {
+    snprintf(err, errlen, "out of host memory");
+    return -1;
+  }
+  for (int64_t part = 0, c0 = 0; part < sk->n / sk->E; part++) {
+    const int64_t w = COLS(st->in[part * sk->E]);
+    for (int64_t e = 0; e < sk->E; e++) {
+      dev_param *dp = &rt->dp[sk->params[part * sk->E + e]];
+      tab[part * sk->E + e] = (rt_cuda_sq_param){dp->w, dp->m, dp->v, c0, w};
+      dp->squares = (int)(sk - rt->stacks) + 1;
+    }
+    c0 += w;
+  }
+  const char *what = "the expert weights' FP8 squares";
+  int rc = gpu_alloc(rt->g, &sk->q[0], qb, what) || gpu_alloc(rt->g, &sk->q[1], qb, what) ||
+           gpu_alloc(rt->g, &sk->blk[0], (size_t)(sk->E * rt_cuda_tile_blk_floats(sk->A, sk->B)) * 4, what) ||
+           gpu_alloc(rt->g, &sk->blk[1], (size_t)(sk->E * rt_cuda_tile_blk_floats(sk->B, sk->A)) * 4, what) ||
+           gpu_alloc(rt->g, &sk->tab, (size_t)sk->n * sizeof *tab, what) ||
+           gpu_upload(rt->g, sk->tab, tab, (size_t)sk->n * sizeof *tab);
+  free(tab);
+  if (rc) snprintf(err, errlen, "%s", gpu_error(rt->g));
+  sk->squares = 1;
+  return rc ? -1 : 0;
+}
+
 /* Storage for the stacked views (gpu_views.h, VIEW_STACKED): the stack's parameters get their
  * bf16 copies as windows of one buffer laid out as the stack, which every graph with the same
- * stack shares. A stack some of whose parameters already have a copy of another layout (or of
- * their own) stays a copy, its casts values. */
+ * stack shares -- or, where squares_ok, the stack is kept as squares. A stack some of whose
+ * parameters already have a copy of another layout (or of their own), or that this graph
+ * cannot read as the squares another graph keeps, stays a copy, its casts values. */
 static int plan_stacks(gx *x, char *err, size_t errlen) {
   gpu_runtime *rt = x->rt;
   const ir_graph *g = x->g;
   const char *env = getenv("MOEC_STACK_VIEWS"); /* 0: stacks copy (for side-by-side timing) */
   const int off = env && strcmp(env, "0") == 0;
   for (int id = 0; id < g->n_nodes; id++) {
+    x->stack_of[id] = -1;
     if (x->view[id] != VIEW_STACKED && !(off && x->view[id] == VIEW_STRIDED)) continue;
     if (off) {
       for (int j = 0; x->view[id] == VIEW_STACKED && j < g->nodes[id].n_in; j++) x->view[g->nodes[id].in[j]] = VIEW_NONE;
@@ -1561,27 +1722,34 @@ static int plan_stacks(gx *x, char *err, size_t errlen) {
     }
     rt->stacks = ns;
     for (int j = 0; j < n; j++) pi[j] = x->param_index[g->nodes[st->in[j]].in[0]];
-    int shared = 0, free_copies = n % E == 0;
+    int shared = -1, free_copies = n % E == 0;
     for (int s = 0; s < rt->n_stacks; s++)
-      shared |= rt->stacks[s].n == n && memcmp(rt->stacks[s].params, pi, (size_t)n * sizeof *pi) == 0;
+      if (rt->stacks[s].n == n && memcmp(rt->stacks[s].params, pi, (size_t)n * sizeof *pi) == 0) shared = s;
     for (int j = 0; j < n; j++)
       free_copies &= !rt->dp[pi[j]].wb && rt->ps->p[pi[j]].numel == in * COLS(st->in[j]);
-    if (shared || !free_copies) {
-      if (!shared) /* a copy after all */
+    const int squares = free_copies && squares_ok(x, id);
+    if (shared >= 0 && rt->stacks[shared].squares && !squares) shared = -1, free_copies = 0; /* copies of its own */
+    if (shared >= 0 || !free_copies) {
+      if (shared < 0) /* a copy after all */
         for (int j = 0; j < n; j++) x->view[st->in[j]] = VIEW_NONE;
-      if (!shared) x->view[id] = VIEW_NONE;
+      if (shared < 0) x->view[id] = VIEW_NONE;
+      x->stack_of[id] = shared;
       free(pi);
       continue;
     }
     dev_stack *sk = &rt->stacks[rt->n_stacks];
+    memset(sk, 0, sizeof *sk);
+    sk->params = pi;
+    sk->n = n;
+    x->stack_of[id] = rt->n_stacks++;
+    if (squares) {
+      if (squares_alloc(x, id, sk, err, errlen) != 0) return -1;
+      continue;
+    }
     if (gpu_alloc(rt->g, &sk->p, (size_t)(E * in * C) * 2, "the stacked bf16 expert weights") != 0) {
-      free(pi);
       snprintf(err, errlen, "%s", gpu_error(rt->g));
       return -1;
     }
-    sk->params = pi;
-    sk->n = n;
-    rt->n_stacks++;
     /* operand p*E + e is part p of expert e: columns c0 .. c0+w of its rows */
     for (int64_t part = 0, c0 = 0; part < n / E; part++) {
       const int64_t w = COLS(st->in[part * E]);
@@ -1676,8 +1844,9 @@ gpu_exec *gpu_exec_new(gpu_runtime *rt, const ir_graph *g, char *err, size_t err
   x->cpin = calloc(n, sizeof *x->cpin), x->cev = calloc(n, sizeof *x->cev), x->cpending = calloc(n, 1);
   x->ep_all = calloc(n, sizeof *x->ep_all);
   x->view = calloc(n, 1);
+  x->stack_of = malloc(n * sizeof *x->stack_of);
   x->comm_done = calloc(n, sizeof *x->comm_done), x->comm_pending = calloc(n, 1);
-  if (!x->hcounts || !x->cpin || !x->cev || !x->cpending || !x->ep_all || !x->view || !x->comm_done || !x->comm_pending) {
+  if (!x->hcounts || !x->cpin || !x->cev || !x->cpending || !x->ep_all || !x->view || !x->stack_of || !x->comm_done || !x->comm_pending) {
     snprintf(err, errlen, "out of host memory");
     gpu_exec_free(x);
     return NULL;
@@ -1693,6 +1862,12 @@ gpu_exec *gpu_exec_new(gpu_runtime *rt, const ir_graph *g, char *err, size_t err
     return NULL;
   }
   return x;
+}
+
+int gpu_exec_squares(const gpu_exec *x) {
+  int n = 0;
+  for (int id = 0; id < x->g->n_nodes; id++) n += x->stack_of[id] >= 0 && x->rt->stacks[x->stack_of[id]].squares;
+  return n;
 }
 
 int gpu_exec_fp8_sites(const gpu_exec *x) {
@@ -1719,6 +1894,7 @@ void gpu_exec_free(gpu_exec *x) {
   free(x->comm_done), free(x->comm_pending);
   free(x->ep_all);
   free(x->view);
+  free(x->stack_of);
   gpu_free(x->rt->g, x->tokens);
   gpu_free(x->rt->g, x->labels);
   free(x->param_index);

@@ -42,6 +42,9 @@ gpu_ctx *gpu_runtime_ctx(gpu_runtime *rt);
 gpu_exec *gpu_exec_new(gpu_runtime *rt, const ir_graph *g, char *err, size_t errlen);
 /* How many grouped GEMM ops of the graph run their GEMMs in FP8 (gpu_fp8.h). */
 int gpu_exec_fp8_sites(const gpu_exec *x);
+/* How many expert-weight stacks of x's graph are kept as FP8 squares that AdamW writes (the
+ * weight-tile recipe on cuBLASLt; MOEC_SQUARES=0: none). */
+int gpu_exec_squares(const gpu_exec *x);
 void gpu_exec_free(gpu_exec *x);
 /* Data/expert parallelism: the rank's collectives (gpu_comm.h; the caller keeps c). Without
  * one, a graph with collectives fails at its first, with a message. */

@@ -273,6 +273,20 @@ int rt_cuda_mxfp8_quantize_tiles(rt_cuda *k, cg_dtype t, gpu_ptr x, int round_bf
                                  int64_t block, int transpose, gpu_ptr q, gpu_ptr codes, gpu_ptr blk);
 /* Floats of one expert's square scales for a (N, K) matrix: N / 128 rows of ldk. */
 int64_t rt_cuda_tile_blk_floats(int64_t N, int64_t K);
+/* AdamW over a stack of expert weights (E, A, B) kept as squares (gpu_exec.c): one
+ * rt_cuda_adamw_multi step of each parameter (decay wd for all), and from the updated weights,
+ * rounded to bf16, the squares of both rt_cuda_mxfp8_quantize_tiles orientations: q and blk as
+ * with transpose 0, qt and blkt as with transpose 1 (no codes). tab: parts E device entries
+ * rt_cuda_sq_param, part p of expert e at p E + e, parts in column order, cols multiples of
+ * 128. g: the stacked gradient (E, A, B) of dtype gt, or 0: only the squares of the weights as
+ * they are (hp unused). */
+typedef struct {
+  gpu_ptr w, m, v;      /* f32 (A, cols): the weight and its moments */
+  int64_t c0, cols;     /* its columns of the stack */
+} rt_cuda_sq_param;
+int rt_cuda_adamw_squares(rt_cuda *k, gpu_ptr tab, int parts, int64_t E, int64_t A, int64_t B, cg_dtype gt, gpu_ptr g,
+                          gpu_ptr gnorm, const rt_cuda_adamw_hp *hp, double wd, int64_t block, gpu_ptr q, gpu_ptr blk,
+                          gpu_ptr qt, gpu_ptr blkt);
 int rt_cuda_mxfp8_dequantize(rt_cuda *k, cg_dtype t, gpu_ptr q, gpu_ptr scale, int64_t rows, int64_t cols,
                              int64_t block, gpu_ptr x /* (rows, cols) */);
 /* FP8 GEMM operands (gpu_gemm_fp8, one GEMM per expert, one f32 scale per 128 of K). cuBLASLt

@@ -52,6 +52,13 @@ static inline unsigned rtk_row_threads(int64_t cols, int vec) {
   int64_t t = ((cols + 7) / 8 + 31) / 32 * 32;
   return !vec || t >= CG_NT_ROW ? CG_NT_ROW : t < 32 ? 32 : (unsigned)t;
 }
+/* The scalars of one AdamW step exactly as ck_adamw_step forms them (the decay is each
+ * parameter's own): the optimizer's kernels' arguments. */
+typedef struct {
+  float w1, b2, c2, neg_step, bc2_sqrt, eps, clip;
+  int small;
+} rtk_adamw_scalars;
+rtk_adamw_scalars rtk_adamw_scalars_of(const rt_cuda_adamw_hp *hp);
 static inline size_t rtk_align(size_t b) { return (b + 255) & ~(size_t)255; }
 
 #endif

@@ -423,13 +423,8 @@ int rt_cuda_adamw_step(rt_cuda *k, gpu_ptr p, cg_dtype gt, gpu_ptr g, gpu_ptr m,
   return rt_cuda_adamw_step_win(k, p, gt, g, m, v, wb, n, gnorm, hp, NULL);
 }
 
-/* The scalars of one step exactly as ck_adamw_step forms them (decay: the parameter's own). */
-typedef struct {
-  float w1, b2, c2, neg_step, bc2_sqrt, eps, clip;
-  int small;
-} adamw_scalars;
-static adamw_scalars scalars_of(const rt_cuda_adamw_hp *hp) {
-  adamw_scalars s;
+rtk_adamw_scalars rtk_adamw_scalars_of(const rt_cuda_adamw_hp *hp) {
+  rtk_adamw_scalars s;
   s.w1 = (float)(1.0 - hp->beta1), s.b2 = (float)hp->beta2, s.c2 = (float)(1.0 - hp->beta2);
   const double bc1 = 1.0 - pow(hp->beta1, (double)hp->step), bc2 = 1.0 - pow(hp->beta2, (double)hp->step);
   s.neg_step = (float)(-(hp->lr / bc1)), s.bc2_sqrt = (float)sqrt(bc2), s.eps = (float)hp->eps;
@@ -451,7 +446,7 @@ int rt_cuda_adamw_step_win(rt_cuda *k, gpu_ptr p, cg_dtype gt, gpu_ptr g, gpu_pt
   int64_t gc = win ? win->g_cols : 1, gl = win ? win->g_ld : 1, wc = win ? win->wb_cols : 1, wl = win ? win->wb_ld : 1;
   if (check_win(k, n, gc, gl, wc, wl) != 0) return -1;
   KN("adamw", 1, gt);
-  adamw_scalars s = scalars_of(hp);
+  rtk_adamw_scalars s = rtk_adamw_scalars_of(hp);
   float decay = (float)(1.0 - hp->lr * hp->wd);
   int decay_on = hp->wd != 0.0;
   return rtk_launch(k, CG_FAM_OPTIM, NULL, name, rtk_vec_blocks(n), 1, CG_NT_EW,
@@ -476,7 +471,7 @@ int rt_cuda_adamw_multi(rt_cuda *k, cg_dtype gt, const rt_cuda_adamw_tensor *t_i
                         const rt_cuda_adamw_hp *hp) {
   char name[64];
   KN("adamw_table", 1, gt);
-  adamw_scalars s = scalars_of(hp);
+  rtk_adamw_scalars s = rtk_adamw_scalars_of(hp);
   /* largest first: a launch's x blocks are sized for its largest tensor, so tensors of like
      size share launches (the parameters are independent: the order changes no value) */
   rt_cuda_adamw_tensor *t = malloc((size_t)(n_tensors > 0 ? n_tensors : 1) * sizeof *t);

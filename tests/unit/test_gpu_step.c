@@ -59,6 +59,13 @@ static int compare(const char *path, const moec_set *sets, int n_sets, int fused
     failed++;
     fprintf(stderr, "%s: mxfp8(block = 128) on %s, yet no grouped GEMM runs in FP8\n", path, gpu_runtime_device(rt));
   }
+  /* the weight-tile recipe with FP8 GEMMs keeps the expert weights as squares AdamW writes */
+  const char *sq_env = getenv("MOEC_SQUARES");
+  int squares = gpu_exec_squares(gx);
+  if (fp8_sites && g->cfg.mx_weight_tile && !(sq_env && strcmp(sq_env, "0") == 0) && squares == 0) {
+    failed++;
+    fprintf(stderr, "%s: the weight-tile recipe with FP8 GEMMs, yet no expert weight is kept as squares\n", path);
+  }
   size_t held_after2 = 0, held_after3 = 0;
   const char *steps_env = getenv("MOEC_GPU_STEP_STEPS"); /* fewer steps, e.g. 3 on the CPU emulator */
   const int64_t steps = steps_env && atoi(steps_env) > 0 ? atoi(steps_env) : 20;
@@ -129,7 +136,7 @@ static int compare(const char *path, const moec_set *sets, int n_sets, int fused
          path, g->cfg.precision == PREC_FP32 ? "fp32" : g->cfg.precision == PREC_BF16 ? "bf16" : "mxfp8",
          g->cfg.precision == PREC_MXFP8 && g->cfg.mx_block == 128 ? g->cfg.mx_weight_tile ? "(block=128, weight_tile=128)" : "(block=128)" : "",
          fused ? "fused" : "naive",
-         fp8_sites ? ", FP8 GEMMs" : "", (long long)steps, gpu_runtime_device(rt), worst_loss, loss_tol, worst_grad,
+         fp8_sites ? squares ? ", FP8 GEMMs, weights as squares" : ", FP8 GEMMs" : "", (long long)steps, gpu_runtime_device(rt), worst_loss, loss_tol, worst_grad,
          grad_tol);
   free(tok);
   free(lab);

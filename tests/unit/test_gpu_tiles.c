@@ -3,7 +3,8 @@
  * each 128 x 128 square), bit for bit, both orientations, f32 and bf16 weights, one square
  * holding a NaN; then cuBLASLt's FP8 GEMM with the weight's scales in 128 x 128 blocks
  * (gpu_gemm_fp8_blocks) against the exact product of the values (ck_mxfp8_qdq, ck_mxfp8_qdq_tiles)
- * in double, tolerance 2^-10 of the largest |C| as for the 1 x 128 GEMM (test_gpu_kernels).
+ * in double, tolerance 2^-10 of the largest |C| as for the 1 x 128 GEMM (test_gpu_kernels); and
+ * AdamW writing the squares (rt_cuda_adamw_squares) against AdamW then the quantizes, bit for bit.
  * Fresh random inputs (MOEC_TEST_SEED repeats a run); each square gets its own binade, so a
  * scale read from the wrong square shows. Skips where there is no CUDA driver or GPU;
  * scripts/cuda_emu/run.sh build test_gpu_tiles runs it on the CPU emulator (whose cuBLASLt
@@ -141,8 +142,93 @@ static void test_gemm_tiles(void) {
   gpu_blas_free(bl);
 }
 
+/* rt_cuda_adamw_squares against what it replaces: rt_cuda_adamw_multi writing the bf16 copies
+ * into the stack, then rt_cuda_mxfp8_quantize_tiles both ways -- weights, moments, both
+ * orientations' bytes and square scales bit for bit. A stack (E, 256, 384) of two parts, 128
+ * and 256 columns wide (a square's part found by its column), gradients of dtype gt in the
+ * stack's layout, a norm that clips; then the quantize-only form (no gradient) against the
+ * quantize of the bf16 copy, the weights left alone. */
+static void test_adamw_squares(cg_dtype gt) {
+  const int64_t E = 2, A = 256, B = 384, n = E * A * B, parts = 2, cols[2] = {128, 256}, c0s[2] = {0, 128};
+  const rt_cuda_adamw_hp hp = {1e-3, 0.9, 0.95, 1e-8, 0.1, 3, 1.0};
+  const float norm = 4.0f; /* > clip: every gradient scaled by 1 / 4 */
+  float *g = square_binades(E, A, B, gt);
+  gpu_ptr dg = up_f(g, n, gt), dnorm = up_f(&norm, 1, CG_DT_F32);
+  gpu_ptr w[2][4], m[2][4], v[2][4]; /* [path][part * E + e] */
+  rt_cuda_adamw_tensor t[4];
+  rt_cuda_sq_param tab[4];
+  gpu_ptr stack = dmalloc((size_t)n * 2);
+  for (int64_t part = 0; part < parts; part++)
+    for (int64_t e = 0; e < E; e++) {
+      const int64_t k = part * E + e, np = A * cols[part];
+      float *wh = square_binades(1, A, cols[part], CG_DT_F32), *mh = rnd(np, -0.01f, 0.01f, CG_DT_F32),
+            *vh = rnd(np, 0.0f, 1e-4f, CG_DT_F32);
+      for (int p = 0; p < 2; p++) w[p][k] = up_f(wh, np, CG_DT_F32), m[p][k] = up_f(mh, np, CG_DT_F32), v[p][k] = up_f(vh, np, CG_DT_F32);
+      const size_t es = gt == CG_DT_BF16 ? 2 : 4;
+      t[k] = (rt_cuda_adamw_tensor){w[0][k], dg + (gpu_ptr)((size_t)(e * A * B + c0s[part]) * es), m[0][k], v[0][k],
+                                    stack + (gpu_ptr)((size_t)(e * A * B + c0s[part]) * 2), np, 0.1,
+                                    {cols[part], B, cols[part], B}};
+      tab[k] = (rt_cuda_sq_param){w[1][k], m[1][k], v[1][k], c0s[part], cols[part]};
+      free(wh), free(mh), free(vh);
+    }
+  gpu_ptr dtab = up_raw(tab, sizeof tab), q[2][2], blk[2][2], codes = dmalloc((size_t)n / 32);
+  const int64_t segs[2] = {E * rt_cuda_tile_blk_floats(A, B), E * rt_cuda_tile_blk_floats(B, A)};
+  for (int p = 0; p < 2; p++)
+    for (int tr = 0; tr < 2; tr++) q[p][tr] = dmalloc((size_t)n), blk[p][tr] = dmalloc((size_t)segs[tr] * 4);
+  /* the padding of the scale rows is never written: zero both so that it compares equal */
+  for (int p = 0; p < 2; p++)
+    for (int tr = 0; tr < 2; tr++) {
+      float *z = falloc(segs[tr]);
+      upload(blk[p][tr], z, (size_t)segs[tr] * 4);
+      free(z);
+    }
+  for (int pass = 0; pass < 2; pass++) { /* 0: an AdamW step; 1: the squares of the weights as they are */
+    if (pass == 0) RUN(rt_cuda_adamw_multi(K, gt, t, 4, dnorm, &hp));
+    else
+      for (int k = 0; k < 4; k++)
+        RUN(rt_cuda_copy_cols(K, CG_DT_F32, CG_DT_BF16, w[0][k], t[k].win.wb_cols, 0, t[k].wb, B, 0, A, t[k].win.wb_cols));
+    for (int tr = 0; tr < 2; tr++) RUN(rt_cuda_mxfp8_quantize_tiles(K, CG_DT_BF16, stack, 0, E, A, B, 32, tr, q[0][tr], codes, blk[0][tr]));
+    RUN(rt_cuda_adamw_squares(K, dtab, (int)parts, E, A, B, gt, pass == 0 ? dg : 0, dnorm, &hp, 0.1, 32, q[1][0], blk[1][0],
+                              q[1][1], blk[1][1]));
+    int same = 1;
+    for (int k = 0; k < 4; k++) {
+      const int64_t np = A * cols[k / E];
+      gpu_ptr a[3] = {w[0][k], m[0][k], v[0][k]}, b[3] = {w[1][k], m[1][k], v[1][k]};
+      for (int i = 0; i < 3; i++) {
+        float *x0 = falloc(np), *x1 = falloc(np);
+        download(x0, a[i], (size_t)np * 4);
+        download(x1, b[i], (size_t)np * 4);
+        same &= memcmp(x0, x1, (size_t)np * 4) == 0;
+        free(x0), free(x1);
+      }
+    }
+    CHECK(same, "adamw_squares [%s%s]: weights or moments differ from adamw_multi's", cg_dtype_name(gt),
+          pass ? ", no gradient" : "");
+    for (int tr = 0; tr < 2; tr++) {
+      uint8_t *a = malloc((size_t)n), *b = malloc((size_t)n);
+      float *fa = falloc(segs[tr]), *fb = falloc(segs[tr]);
+      download(a, q[0][tr], (size_t)n);
+      download(b, q[1][tr], (size_t)n);
+      get_f(fa, blk[0][tr], segs[tr], CG_DT_F32);
+      get_f(fb, blk[1][tr], segs[tr], CG_DT_F32);
+      CHECK(memcmp(a, b, (size_t)n) == 0, "adamw_squares [%s%s]: the %s bytes differ from the quantize's", cg_dtype_name(gt),
+            pass ? ", no gradient" : "", tr ? "transposed" : "row");
+      CHECK(memcmp(fa, fb, (size_t)segs[tr] * 4) == 0, "adamw_squares [%s%s]: the %s square scales differ", cg_dtype_name(gt),
+            pass ? ", no gradient" : "", tr ? "transposed" : "row");
+      free(a), free(b), free(fa), free(fb);
+    }
+    printf("  adamw_squares [%s%s]: weights, moments, both orientations' bytes and scales bit-exact\n", cg_dtype_name(gt),
+           pass ? ", no gradient" : ", clipped step");
+  }
+  CHECK(rt_cuda_adamw_squares(K, dtab, (int)parts, E, A, 200, gt, dg, dnorm, &hp, 0.1, 32, q[1][0], blk[1][0], q[1][1],
+                              blk[1][1]) != 0,
+        "adamw_squares accepted B = 200 (not a multiple of 128)");
+  expect_flag("adamw_squares", CK_OK);
+  free(g);
+  dfree_all();
+}
+
 int main(void) {
-  (void)up_raw; /* gpu_test.h's, not needed here */
   double t0 = ck_now();
   uint64_t seed;
   int st = gpu_test_start(&seed);
@@ -150,6 +236,7 @@ int main(void) {
   printf("GPU 0: %s; seed %llu (MOEC_TEST_SEED repeats it)\n", gpu_info(G)->name, (unsigned long long)seed);
   for (int t = 0; t < CG_DT_COUNT; t++)
     for (int tr = 0; tr < 2; tr++) test_quantize_tiles((cg_dtype)t, tr);
+  for (int t = 0; t < CG_DT_COUNT; t++) test_adamw_squares((cg_dtype)t);
   if (gpu_info(G)->cc_major >= 9) test_gemm_tiles();
   else printf("  fp8 gemm with square scales: needs sm_90 (skipped on this GPU)\n");
   rt_cuda_free(K);
