@@ -205,6 +205,59 @@ int main(int argc, char **argv) {
       }
     }
   }
+  /* the optimizer step of a gate_up weight stack (E, H, 2F) under the weight-tile recipe: AdamW
+     writing the bf16 copies then both square quantizes (the copies path, MOEC_SQUARES=0) against
+     AdamW writing both orientations' squares (rt_cuda_adamw_squares, one and two chunks in flight).
+     Bytes an element: copies 28 + 6 (g bf16 2, w m v read 12 written 12, copy 2; the quantizes read
+     the copy twice and write 2), squares 28. */
+  for (size_t mi = 0; mi < sizeof models / sizeof models[0]; mi++) {
+    const int64_t H = models[mi].hidden, C = 2 * models[mi].ffn, n = H * C, N = E * n;
+    const rt_cuda_adamw_hp hp = {1e-4, 0.9, 0.95, 1e-8, 0.1, 5, 1.0};
+    gpu_ptr w, m, v, gr, wb, q0, q1, b0, b1, cd, tab;
+    if (gpu_alloc(G, &w, (size_t)N * 4, "w") || gpu_alloc(G, &m, (size_t)N * 4, "m") || gpu_alloc(G, &v, (size_t)N * 4, "v") ||
+        gpu_alloc(G, &gr, (size_t)N * 2, "g") || gpu_alloc(G, &wb, (size_t)N * 2, "wb") || gpu_alloc(G, &q0, (size_t)N, "q") ||
+        gpu_alloc(G, &q1, (size_t)N, "q") || gpu_alloc(G, &b0, (size_t)N / 4096, "blk") ||
+        gpu_alloc(G, &b1, (size_t)N / 4096, "blk") || gpu_alloc(G, &cd, (size_t)N / 32, "codes") ||
+        gpu_alloc(G, &tab, (size_t)E * sizeof(rt_cuda_sq_param), "tab"))
+      die(gpu_error(G));
+    /* small finite values everywhere (v >= 0): the bytes of u.b's random bf16 rows */
+    if (gpu_memset8(G, w, 0x3c, (size_t)N * 4) || gpu_memset8(G, m, 0x3c, (size_t)N * 4) ||
+        gpu_memset8(G, v, 0x3c, (size_t)N * 4) || gpu_memset8(G, gr, 0x3c, (size_t)N * 2))
+      die(gpu_error(G));
+    rt_cuda_sq_param th[8];
+    rt_cuda_adamw_tensor t[8];
+    for (int64_t e = 0; e < E; e++) {
+      gpu_ptr o4 = (gpu_ptr)(e * n * 4), o2 = (gpu_ptr)(e * n * 2);
+      th[e] = (rt_cuda_sq_param){w + o4, m + o4, v + o4, 0, C};
+      t[e] = (rt_cuda_adamw_tensor){w + o4, gr + o2, m + o4, v + o4, wb + o2, n, 0.1, {0, 0, 0, 0}};
+    }
+    if (gpu_upload(G, tab, th, sizeof th)) die(gpu_error(G));
+    for (int kn = 0; kn < 3; kn++) {
+      if (kn > 0) setenv("MOEC_SQUARES_PF", kn == 1 ? "1" : "2", 1);
+      for (int r = -1; r < reps; r++) {
+        void *e0, *e1;
+        gpu_event_new(G, &e0), gpu_event_new(G, &e1);
+        gpu_event_record(G, e0);
+        int rc = kn == 0 ? rt_cuda_adamw_multi(KR, CG_DT_BF16, t, (int)E, 0, &hp) ||
+                               rt_cuda_mxfp8_quantize_tiles(KR, CG_DT_BF16, wb, 0, E, H, C, 32, 0, q0, cd, b0) ||
+                               rt_cuda_mxfp8_quantize_tiles(KR, CG_DT_BF16, wb, 0, E, H, C, 32, 1, q1, cd, b1)
+                         : rt_cuda_adamw_squares(KR, tab, 1, E, H, C, CG_DT_BF16, gr, 0, &hp, 0.1, 32, q0, b0, q1, b1);
+        if (rc) die(rt_cuda_error(KR));
+        gpu_event_record(G, e1);
+        float ms = 0;
+        if (gpu_event_elapsed(G, e0, e1, &ms) != 0) die("timing");
+        gpu_event_free(G, e0), gpu_event_free(G, e1);
+        if (r == reps - 1)
+          printf("{\"model\":\"%s\",\"kernel\":\"%s\",\"ms\":%.4f,\"GB_per_s\":%.0f}\n", models[mi].name,
+                 kn == 0 ? "adamw + bf16 copy, quantize_tiles x2 (E, H, 2F)" : kn == 1 ? "adamw_squares (E, H, 2F)"
+                                                                                  : "adamw_squares pf2 (E, H, 2F)",
+                 ms, (double)N * (kn == 0 ? 34 : 28) / (ms * 1e6));
+      }
+    }
+    unsetenv("MOEC_SQUARES_PF");
+    gpu_ptr all[] = {w, m, v, gr, wb, q0, q1, b0, b1, cd, tab};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) gpu_free(G, all[i]);
+  }
   gpu_wgmma_free(WG);
   gpu_blas_free(BL);
   rt_cuda_free(KR);
