@@ -207,7 +207,7 @@ int main(int argc, char **argv) {
   }
   /* the optimizer step of a gate_up weight stack (E, H, 2F) under the weight-tile recipe: AdamW
      writing the bf16 copies then both square quantizes (the copies path, MOEC_SQUARES=0) against
-     AdamW writing both orientations' squares (rt_cuda_adamw_squares, one and two chunks in flight).
+     AdamW writing both orientations' squares (rt_cuda_adamw_squares).
      Bytes an element: copies 28 + 6 (g bf16 2, w m v read 12 written 12, copy 2; the quantizes read
      the copy twice and write 2), squares 28. */
   for (size_t mi = 0; mi < sizeof models / sizeof models[0]; mi++) {
@@ -232,8 +232,7 @@ int main(int argc, char **argv) {
       t[e] = (rt_cuda_adamw_tensor){w + o4, gr + o2, m + o4, v + o4, wb + o2, n, 0.1, {0, 0, 0, 0}};
     }
     if (gpu_upload(G, tab, th, sizeof th)) die(gpu_error(G));
-    for (int kn = 0; kn < 3; kn++) {
-      if (kn > 0) setenv("MOEC_SQUARES_PF", kn == 1 ? "1" : "2", 1);
+    for (int kn = 0; kn < 2; kn++) {
       for (int r = -1; r < reps; r++) {
         void *e0, *e1;
         gpu_event_new(G, &e0), gpu_event_new(G, &e1);
@@ -249,12 +248,10 @@ int main(int argc, char **argv) {
         gpu_event_free(G, e0), gpu_event_free(G, e1);
         if (r == reps - 1)
           printf("{\"model\":\"%s\",\"kernel\":\"%s\",\"ms\":%.4f,\"GB_per_s\":%.0f}\n", models[mi].name,
-                 kn == 0 ? "adamw + bf16 copy, quantize_tiles x2 (E, H, 2F)" : kn == 1 ? "adamw_squares (E, H, 2F)"
-                                                                                  : "adamw_squares pf2 (E, H, 2F)",
+                 kn == 0 ? "adamw + bf16 copy, quantize_tiles x2 (E, H, 2F)" : "adamw_squares (E, H, 2F)",
                  ms, (double)N * (kn == 0 ? 34 : 28) / (ms * 1e6));
       }
     }
-    unsetenv("MOEC_SQUARES_PF");
     gpu_ptr all[] = {w, m, v, gr, wb, q0, q1, b0, b1, cd, tab};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) gpu_free(G, all[i]);
   }

@@ -32,7 +32,6 @@
 #            (MOEC_GEMM_STREAMS; default 1), reusing fp8tile's peer                                  [100 s each]
 #   fp8tilecp  fp8tile with MOEC_SQUARES=0 (the expert weights kept as bf16 copies and quantized
 #            each step instead of AdamW writing their squares), reusing fp8tile's peer   [100 s]
-#   fp8tilepf2  fp8tile with MOEC_SQUARES_PF=2 (AdamW's squares kernel, two chunks in flight) [100 s]
 #   genosbf  genos_1b bf16 (the default pipeline), reusing the peer of fp8tile/fp8peer/genos [100 s]
 #   og2bf    og2_8x1b bf16, reusing the peer of og2tile/og2fp8/og2                 [150 s]
 #   og2tile  the same on og2_8x1b (+ peer unless og2fp8/og2 ran)                 [240 s]
@@ -151,10 +150,9 @@ for part in "${parts[@]}"; do
   fp8tile2|fp8tile4)
     peer_from "$L/fp8tile" "$L/$part"
     bench LOGDIR=$L/$part PEER_SKIP=1 MOEC_GEMM_STREAMS=${part#fp8tile} PRECISION='mxfp8(block=128,weight_tile=128)' MOEC_ARGS=$FUSED_MX timeout 150 bash bench/run_bench.sh genos_1b ;;
-  fp8tilecp|fp8tilepf2)
+  fp8tilecp)
     peer_from "$L/fp8tile" "$L/$part"
-    sq=MOEC_SQUARES=0; [ $part = fp8tilepf2 ] && sq=MOEC_SQUARES_PF=2
-    bench LOGDIR=$L/$part PEER_SKIP=1 $sq PRECISION='mxfp8(block=128,weight_tile=128)' MOEC_ARGS=$FUSED_MX timeout 150 bash bench/run_bench.sh genos_1b ;;
+    bench LOGDIR=$L/$part PEER_SKIP=1 MOEC_SQUARES=0 PRECISION='mxfp8(block=128,weight_tile=128)' MOEC_ARGS=$FUSED_MX timeout 150 bash bench/run_bench.sh genos_1b ;;
   genosbf)
     for d in fp8tile fp8peer genos; do peer_from "$L/$d" "$L/genosbf"; done
     bench LOGDIR=$L/genosbf PEER_SKIP=1 timeout 150 bash bench/run_bench.sh genos_1b ;;

@@ -1,8 +1,5 @@
 /* gpu_kernels_tiles.c -- the launches of the weight-tile quantize and of AdamW writing the
  * squares (cg_mxfp8_tiles.c; the CPU references are ck_mxfp8_qdq_tiles and ck_adamw_step). */
-#include <stdlib.h>
-#include <string.h>
-
 #include "cpu_kernels.h"
 #include "gpu_kernels_int.h"
 
@@ -42,8 +39,7 @@ int rt_cuda_adamw_squares(rt_cuda *k, gpu_ptr tab, int parts, int64_t E, int64_t
   int decay_on = wd != 0.0;
   const cg_variant v = {(int)block, 1};
   char name[64];
-  const char *pf = getenv("MOEC_SQUARES_PF"); /* 2: two chunks in flight a thread (A/B timing) */
-  cg_kname(name, sizeof name, pf && strcmp(pf, "2") == 0 ? "adamw_squares_pf2" : "adamw_squares", 1, gt);
+  cg_kname(name, sizeof name, "adamw_squares", 1, gt);
   return rtk_launch(k, CG_FAM_MXFP8, &v, name, (uint64_t)(E * (A / 128) * (B / 128)), 1, CG_NT_MX,
                     ARGS(&tab, &parts, &g, &A, &B, &gnorm, &s.clip, &decay, &decay_on, &s.w1, &s.b2, &s.c2, &s.neg_step,
                          &s.bc2_sqrt, &s.eps, &s.small, &q, &blk, &qt, &blkt));
