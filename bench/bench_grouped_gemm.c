@@ -212,7 +212,7 @@ int main(int argc, char **argv) {
      the copy twice and write 2), squares 28. */
   for (size_t mi = 0; mi < sizeof models / sizeof models[0]; mi++) {
     const int64_t H = models[mi].hidden, C = 2 * models[mi].ffn, n = H * C, N = E * n;
-    const rt_cuda_adamw_hp hp = {1e-4, 0.9, 0.95, 1e-8, 0.1, 5, 1.0};
+    const rt_cuda_adamw_hp hp = {1e-4, 0.9, 0.95, 1e-8, 0.1, 5, 1.0, 0};
     gpu_ptr w, m, v, gr, wb, q0, q1, b0, b1, cd, tab;
     if (gpu_alloc(G, &w, (size_t)N * 4, "w") || gpu_alloc(G, &m, (size_t)N * 4, "m") || gpu_alloc(G, &v, (size_t)N * 4, "v") ||
         gpu_alloc(G, &gr, (size_t)N * 2, "g") || gpu_alloc(G, &wb, (size_t)N * 2, "wb") || gpu_alloc(G, &q0, (size_t)N, "q") ||

@@ -106,13 +106,15 @@ static const char *const src =
     "// qt (E, B, A) transposed, and its scale into blk and blkt as mxfp8_quantize_tiles writes them\n"
     "// for tr = 0 and 1 -- the two quantizes of the next step, done without a bf16 copy or a second\n"
     "// read. tab: the stack's parameters, part p of expert e at p E + e (parts in column order):\n"
-    "// an (A, cols) f32 weight and its moments, columns c0 .. c0 + cols of B, cols a multiple of WT.\n"
+    "// an (A, cols) f32 weight and its moments (stored as M), columns c0 .. c0 + cols of B, cols a\n"
+    "// multiple of WT.\n"
     "// g: the stacked gradient (E, A, B), or NULL: the weights quantized as they are.\n"
     "struct sq_param {\n"
-    "  float *w, *m, *v;\n"
+    "  float *w;\n"
+    "  void *m, *v; // of type M\n"
     "  i64 c0, cols;\n"
     "};\n"
-    "template <class G>\n"
+    "template <class G, class M>\n"
     "__device__ void adamw_squares(const sq_param *tab, int parts, const G *g, i64 A, i64 B, const float *gnorm, float clip,\n"
     "                              float decay, int decay_on, float w1, float b2, float c2, float neg_step, float bc2_sqrt,\n"
     "                              float eps, int small, u8 *q, float *blk, u8 *qt, float *blkt) {\n"
@@ -139,14 +141,14 @@ static const char *const src =
     "    if (g) {\n"
     "      float gg[8], mm[8], vv[8];\n"
     "      ld8(g + (e * A + r) * B + col, gg);\n"
-    "      ld8(P.m + i, mm);\n"
-    "      ld8(P.v + i, vv);\n"
+    "      ld8((const M *)P.m + i, mm);\n"
+    "      ld8((const M *)P.v + i, vv);\n"
     "#pragma unroll\n"
     "      for (int j = 0; j < 8; j++)\n"
     "        adamw_update(w[j], mm[j], vv[j], gg[j] * scale, decay, decay_on, w1, b2, c2, neg_step, bc2_sqrt, eps, small);\n"
     "      st8(P.w + i, w);\n"
-    "      st8(P.m + i, mm);\n"
-    "      st8(P.v + i, vv);\n"
+    "      st8((M *)P.m + i, mm);\n"
+    "      st8((M *)P.v + i, vv);\n"
     "    }\n"
     "#pragma unroll\n"
     "    for (int j = 0; j < 8; j += 2) {\n"
@@ -192,10 +194,13 @@ void cg_emit_mxfp8_tiles(cg_buf *b, int emu) {
     cg_entry(b, CG_NT_MX, "moec_mxfp8_quantize_tiles_${x}",
              "const ${X} *x, i64 A, i64 B, int rb, int tr, i64 seg, u8 *q, u8 *codes, float *blk",
              "mxfp8_quantize_tiles<${X}>", kv, emu);
-    cg_entry(b, CG_NT_MX, "moec_adamw_squares_${x}",
-             "const sq_param *tab, int parts, const ${X} *g, i64 A, i64 B, const float *gnorm, float clip, float decay, "
-             "int decay_on, float w1, float b2, float c2, float neg_step, float bc2_sqrt, float eps, int small, u8 *q, "
-             "float *blk, u8 *qt, float *blkt",
-             "adamw_squares<${X}>", kv, emu);
+    for (int mt = 0; mt < CG_DT_COUNT; mt++) { /* the moments' storage */
+      cg_dtype_kv(kv, (cg_dtype)x, (cg_dtype)mt);
+      cg_entry(b, CG_NT_MX, "moec_adamw_squares_${x}_${w}",
+               "const sq_param *tab, int parts, const ${X} *g, i64 A, i64 B, const float *gnorm, float clip, float decay, "
+               "int decay_on, float w1, float b2, float c2, float neg_step, float bc2_sqrt, float eps, int small, u8 *q, "
+               "float *blk, u8 *qt, float *blkt",
+               "adamw_squares<${X}, ${W}>", kv, emu);
+    }
   }
 }

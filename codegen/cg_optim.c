@@ -1,5 +1,5 @@
 /* cg_optim.c -- fused AdamW on fp32 master weights (clipping factor read on the device; f32 or
- * bf16 gradients; optionally writing the bf16 compute copy) and
+ * bf16 gradients; f32 or bf16 moments; optionally writing the bf16 compute copy) and
  * the global gradient norm (per-tensor partial sums, one final reduction). */
 #include "cg_family.h"
 
@@ -17,8 +17,10 @@ static const char *const src =
     "__device__ __forceinline__ i64 win_at(i64 i, i64 c, i64 l) { return c == l ? i : i / c * l + i % c; }\n"
     "// 8-element vectors stay inside a window's row\n"
     "__device__ __forceinline__ bool win_vec(i64 c, i64 l) { return c == l || (c % 8 == 0 && l % 8 == 0); }\n"
-    "template <class G>\n"
-    "__device__ void adamw(float *p, const G *g, float *m, float *v, bf16 *wb, i64 n, const float *gnorm, float clip,\n"
+    "// M: the moments' storage (f32, or bf16 with adamw(moments = bf16): each rounded to nearest\n"
+    "// after the update, which used them unrounded, as ck_round_bf16 after ck_adamw_step).\n"
+    "template <class G, class M>\n"
+    "__device__ void adamw(float *p, const G *g, M *m, M *v, bf16 *wb, i64 n, const float *gnorm, float clip,\n"
     "                      float decay, float w1, float b2, float c2, float neg_step, float bc2_sqrt, float eps,\n"
     "                      int small, int decay_on, i64 gc, i64 gl, i64 wc, i64 wl) {\n"
     "  const float scale = clip_factor(gnorm, clip);\n"
@@ -45,18 +47,19 @@ static const char *const src =
     "// blockIdx.y picks the parameter, the x blocks run adamw over it; the scalars that depend on\n"
     "// the parameter (its decay) come in the table.\n"
     "struct aw_table {\n"
-    "  float *p[AW_TABLE], *m[AW_TABLE], *v[AW_TABLE];\n"
+    "  float *p[AW_TABLE];\n"
+    "  void *m[AW_TABLE], *v[AW_TABLE];\n"
     "  const void *g[AW_TABLE];\n"
     "  bf16 *wb[AW_TABLE];\n"
     "  i64 n[AW_TABLE], gc[AW_TABLE], gl[AW_TABLE], wc[AW_TABLE], wl[AW_TABLE];\n"
     "  float decay[AW_TABLE];\n"
     "  int decay_on[AW_TABLE];\n"
     "};\n"
-    "template <class G>\n"
+    "template <class G, class M>\n"
     "__device__ void adamw_table(aw_table t, const float *gnorm, float clip, float w1, float b2, float c2, float neg_step,\n"
     "                            float bc2_sqrt, float eps, int small) {\n"
     "  const int y = blockIdx.y;\n"
-    "  adamw<G>(t.p[y], (const G *)t.g[y], t.m[y], t.v[y], t.wb[y], t.n[y], gnorm, clip, t.decay[y], w1, b2, c2, neg_step,\n"
+    "  adamw<G, M>(t.p[y], (const G *)t.g[y], (M *)t.m[y], (M *)t.v[y], t.wb[y], t.n[y], gnorm, clip, t.decay[y], w1, b2, c2, neg_step,\n"
     "           bc2_sqrt, eps, small, t.decay_on[y], t.gc[y], t.gl[y], t.wc[y], t.wl[y]);\n"
     "}\n"
     "\n"
@@ -103,18 +106,22 @@ void cg_emit_optim(cg_buf *b, const cg_variant *v, int emu) {
   cg_printf(b, "#define GN_TABLE %d\n#define AW_TABLE %d\n", CG_GN_TABLE, CG_AW_TABLE);
   cg_puts(b, src);
   const char *kv[9];
-  /* one AdamW and one sum of squares per gradient storage: f32, and bf16 (fold-grad-cast) */
+  /* one AdamW per gradient storage (f32, and bf16 after fold-grad-cast) and moment storage; one
+     sum of squares per gradient storage */
   for (int x = 0; x < CG_DT_COUNT; x++) {
+    for (int mt = 0; mt < CG_DT_COUNT; mt++) { /* the moments' storage */
+      cg_dtype_kv(kv, (cg_dtype)x, (cg_dtype)mt);
+      cg_entry(b, CG_NT_EW, "moec_adamw_${x}_${w}",
+               "float *p, const ${X} *g, ${W} *m, ${W} *v, bf16 *wb, i64 n, const float *gnorm, float clip, float decay, "
+               "float w1, float b2, float c2, float neg_step, float bc2_sqrt, float eps, int small, int decay_on, i64 gc, "
+               "i64 gl, i64 wc, i64 wl",
+               "adamw<${X}, ${W}>", kv, emu);
+      cg_entry(b, CG_NT_EW, "moec_adamw_table_${x}_${w}",
+               "aw_table t, const float *gnorm, float clip, float w1, float b2, float c2, float neg_step, float bc2_sqrt, "
+               "float eps, int small",
+               "adamw_table<${X}, ${W}>", kv, emu);
+    }
     cg_dtype_kv(kv, (cg_dtype)x, (cg_dtype)x);
-    cg_entry(b, CG_NT_EW, "moec_adamw_${x}",
-             "float *p, const ${X} *g, float *m, float *v, bf16 *wb, i64 n, const float *gnorm, float clip, float decay, "
-             "float w1, float b2, float c2, float neg_step, float bc2_sqrt, float eps, int small, int decay_on, i64 gc, i64 gl, "
-             "i64 wc, i64 wl",
-             "adamw<${X}>", kv, emu);
-    cg_entry(b, CG_NT_EW, "moec_adamw_table_${x}",
-             "aw_table t, const float *gnorm, float clip, float w1, float b2, float c2, float neg_step, float bc2_sqrt, "
-             "float eps, int small",
-             "adamw_table<${X}>", kv, emu);
     cg_entry(b, CG_NT_RED, "moec_sumsq_partial_${x}", "const ${X} *x, i64 n, i64 c, i64 l, double *part", "sumsq_partial<${X}>", kv, emu);
     cg_entry(b, CG_NT_RED, "moec_sumsq_table_${x}", "gn_table t, double *part", "sumsq_table<${X}>", kv, emu);
   }

@@ -13,7 +13,7 @@
 const char *const sema_train_set_names[] = {
     "data",   "batch",  "seq",      "steps",    "seed",   "lr",        "betas",   "beta1",
     "beta2",  "weight_decay", "adam_eps", "warmup", "schedule", "min_lr", "clip", "precision",
-    "mx_block", "mx_weight_tile", "ep",   "dp",       "stride",   "overlap", "val_fraction", "val_every", "rc_augment",
+    "mx_block", "mx_weight_tile", "moments", "ep",   "dp",       "stride",   "overlap", "val_fraction", "val_every", "rc_augment",
 };
 const int sema_n_train_set_names = (int)(sizeof sema_train_set_names / sizeof sema_train_set_names[0]);
 
@@ -23,9 +23,11 @@ static const char *const train_keys[K_COUNT] = {
     "data", "batch", "seq", "steps", "seed", "optimizer", "precision", "parallel", "stride", "overlap",
     "val_fraction", "val_every", "rc_augment"};
 
-enum { A_LR, A_BETAS, A_WD, A_EPS, A_WARMUP, A_SCHEDULE, A_MIN_LR, A_CLIP, A_COUNT };
-static const char *const adamw_params[A_COUNT] = {"lr", "betas", "weight_decay", "eps", "warmup", "schedule", "min_lr", "clip"};
-static const char *const adamw_set_names[A_COUNT] = {"lr", "betas", "weight_decay", "adam_eps", "warmup", "schedule", "min_lr", "clip"};
+enum { A_LR, A_BETAS, A_WD, A_EPS, A_WARMUP, A_SCHEDULE, A_MIN_LR, A_CLIP, A_MOMENTS, A_COUNT };
+static const char *const adamw_params[A_COUNT] = {"lr",       "betas",  "weight_decay", "eps",    "warmup",
+                                                  "schedule", "min_lr", "clip",         "moments"};
+static const char *const adamw_set_names[A_COUNT] = {"lr",       "betas",  "weight_decay", "adam_eps", "warmup",
+                                                     "schedule", "min_lr", "clip",         "moments"};
 
 /* A setting's expression: --set NAME wins over the file. *bad: a --set that did not parse. */
 static ast_expr *pick(sema *S, const char *set_name, ast_expr *file_e, int *bad) {
@@ -127,7 +129,7 @@ static void optimizer(sema *S, ast_expr *e) {
           if (k < 0) {
             const char *best = diag_suggest(g->name, adamw_params, A_COUNT);
             if (best) diag_error(S->d, g->name_span, "adamw has no argument '%s'; did you mean '%s'?", g->name, best);
-            else diag_error(S->d, g->name_span, "adamw has no argument '%s' (it takes lr, betas, weight_decay, eps, warmup, schedule, min_lr, clip)", g->name);
+            else diag_error(S->d, g->name_span, "adamw has no argument '%s' (it takes lr, betas, weight_decay, eps, warmup, schedule, min_lr, clip, moments)", g->name);
             continue;
           }
         }
@@ -184,6 +186,14 @@ static void optimizer(sema *S, ast_expr *e) {
     diag_error(S->d, x->span, "'min_lr' must be between 0 and lr (%g), got %g", c->lr, c->min_lr);
   if ((x = pick(S, "clip", a[A_CLIP], &bad)) && !t_num(S, x, "clip", &c->clip))
     check_range(S, x, "clip", c->clip, 0, 0, 1e9, 0, "non-negative (0 turns clipping off)");
+  /* moments = f32 | bf16: how m and v are stored (bf16: rounded to nearest after each update,
+     half their bytes; the master weights stay f32) */
+  c->moments_bf16 = 0;
+  if ((x = pick(S, "moments", a[A_MOMENTS], &bad))) {
+    static const char *const mt[] = {"f32", "bf16"};
+    int k = t_enum(S, x, "moments", mt, 2);
+    if (k >= 0) c->moments_bf16 = k;
+  }
   (void)adamw_set_names;
 }
 

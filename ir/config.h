@@ -20,6 +20,7 @@ typedef struct {
   int64_t steps;     /* run length and schedule horizon */
   int64_t seed;
   double lr, beta1, beta2, weight_decay, adam_eps, clip, min_lr; /* min_lr: floor of the schedule */
+  int moments_bf16; /* adamw(moments = bf16): both moments stored in bf16, rounded after each update */
   int64_t warmup;
   moec_schedule schedule;
   moec_precision precision;

@@ -718,6 +718,10 @@ static int exec_ADAMW(ex *x, int id) {
   float scale = c->clip > 0 ? ck_clip_coef(x->grad_norm, c->clip) : 1.0f;
   ck_adamw_step(p->w, IN(id, 1)->f, p->m, p->v, p->numel, x->step, scale, lr, c->beta1, c->beta2, c->adam_eps,
                 ir_get_float(N(id), "weight_decay", 0));
+  if (c->moments_bf16) { /* stored in bf16 after the update, which used them unrounded (the GPU's order) */
+    ck_round_bf16(p->m, p->numel);
+    ck_round_bf16(p->v, p->numel);
+  }
   x->val[id] = (rt_value){p->w, NULL, p->type.dims[0], p->numel, 0};
   return 0;
 }

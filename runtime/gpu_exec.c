@@ -113,9 +113,9 @@ gpu_runtime *gpu_runtime_new_on(rt_params *ps, int ordinal, const char *dump_dir
   rt->dp = calloc((size_t)ps->n + 1, sizeof *rt->dp);
   if (!rt->dp) goto fail;
   for (int i = 0; i < ps->n; i++) {
-    size_t bytes = (size_t)ps->p[i].numel * 4;
-    if (gpu_alloc(rt->g, &rt->dp[i].w, bytes, "the weights") || gpu_alloc(rt->g, &rt->dp[i].m, bytes, "the AdamW moments") ||
-        gpu_alloc(rt->g, &rt->dp[i].v, bytes, "the AdamW moments")) {
+    size_t bytes = (size_t)ps->p[i].numel * 4, mb = (size_t)ps->p[i].numel * (ps->moments_bf16 ? 2 : 4);
+    if (gpu_alloc(rt->g, &rt->dp[i].w, bytes, "the weights") || gpu_alloc(rt->g, &rt->dp[i].m, mb, "the AdamW moments") ||
+        gpu_alloc(rt->g, &rt->dp[i].v, mb, "the AdamW moments")) {
       snprintf(err, errlen, "%s", gpu_error(rt->g));
       goto fail;
     }
@@ -154,12 +154,29 @@ void gpu_runtime_free(gpu_runtime *rt) {
   free(rt);
 }
 
+/* A moment (n) between the host's f32 and the device's storage: bf16 with moments_bf16
+ * (rounded to nearest on the way up, widened exactly on the way down). */
+static int moment_move(gpu_runtime *rt, int up, gpu_ptr d, float *h, int64_t n) {
+  if (!rt->ps->moments_bf16) return up ? gpu_upload(rt->g, d, h, (size_t)n * 4) : gpu_download(rt->g, h, d, (size_t)n * 4);
+  uint16_t *b = malloc((size_t)(n > 0 ? n : 1) * 2);
+  if (!b) return -1;
+  int rc = 0;
+  if (up) {
+    for (int64_t i = 0; i < n; i++) b[i] = ck_float_to_bf16(h[i]);
+    rc = gpu_upload(rt->g, d, b, (size_t)n * 2);
+  } else if ((rc = gpu_download(rt->g, b, d, (size_t)n * 2)) == 0) {
+    for (int64_t i = 0; i < n; i++) h[i] = ck_bf16_to_float(b[i]);
+  }
+  free(b);
+  return rc;
+}
+
 int gpu_runtime_upload(gpu_runtime *rt, const rt_params *ps, char *err, size_t errlen) {
   for (int i = 0; i < ps->n; i++) {
     size_t bytes = (size_t)ps->p[i].numel * 4;
-    if (gpu_upload(rt->g, rt->dp[i].w, ps->p[i].w, bytes) || gpu_upload(rt->g, rt->dp[i].m, ps->p[i].m, bytes) ||
-        gpu_upload(rt->g, rt->dp[i].v, ps->p[i].v, bytes)) {
-      snprintf(err, errlen, "%s", gpu_error(rt->g));
+    if (gpu_upload(rt->g, rt->dp[i].w, ps->p[i].w, bytes) || moment_move(rt, 1, rt->dp[i].m, ps->p[i].m, ps->p[i].numel) ||
+        moment_move(rt, 1, rt->dp[i].v, ps->p[i].v, ps->p[i].numel)) {
+      snprintf(err, errlen, "%s", gpu_error(rt->g)[0] ? gpu_error(rt->g) : "out of host memory");
       return -1;
     }
     rt->dp[i].wb_fresh = 0;
@@ -171,9 +188,9 @@ int gpu_runtime_upload(gpu_runtime *rt, const rt_params *ps, char *err, size_t e
 int gpu_runtime_download(gpu_runtime *rt, rt_params *ps, char *err, size_t errlen) {
   for (int i = 0; i < ps->n; i++) {
     size_t bytes = (size_t)ps->p[i].numel * 4;
-    if (gpu_download(rt->g, ps->p[i].w, rt->dp[i].w, bytes) || gpu_download(rt->g, ps->p[i].m, rt->dp[i].m, bytes) ||
-        gpu_download(rt->g, ps->p[i].v, rt->dp[i].v, bytes)) {
-      snprintf(err, errlen, "%s", gpu_error(rt->g));
+    if (gpu_download(rt->g, ps->p[i].w, rt->dp[i].w, bytes) || moment_move(rt, 0, rt->dp[i].m, ps->p[i].m, ps->p[i].numel) ||
+        moment_move(rt, 0, rt->dp[i].v, ps->p[i].v, ps->p[i].numel)) {
+      snprintf(err, errlen, "%s", gpu_error(rt->g)[0] ? gpu_error(rt->g) : "out of host memory");
       return -1;
     }
   }
@@ -1002,7 +1019,8 @@ static int squares_adamw(gx *x, int id, cg_dtype gt, const rt_cuda_adamw_hp *hp,
       sk->fresh = 0;
       continue;
     }
-    if (ck(x, id, rt_cuda_adamw_squares(KX, sk->tab, (int)parts, sk->E, sk->A, sk->B, gt, t[j00].g, gnorm, hp, t[j00].wd, sk->block, sk->q[0], sk->blk[0], sk->q[1], sk->blk[1]))) {
+    if (ck(x, id, rt_cuda_adamw_squares(KX, sk->tab, (int)parts, sk->E, sk->A, sk->B, gt, t[j00].g, gnorm, hp, t[j00].wd,
+                                        sk->block, sk->q[0], sk->blk[0], sk->q[1], sk->blk[1]))) {
       free(at);
       return -1;
     }
@@ -1026,7 +1044,7 @@ static int exec_ADAMW(gx *x, int id) {
   if (id > x->aw_from && id <= x->aw_until) return 0;
   const moec_config *c = &x->g->cfg;
   rt_cuda_adamw_hp hp = {ck_lr_at(x->step, c->steps, c->warmup, c->lr, c->min_lr, c->schedule), c->beta1, c->beta2,
-                         c->adam_eps, 0, x->step, c->clip};
+                         c->adam_eps, 0, x->step, c->clip, c->moments_bf16};
   const cg_dtype gt = DT(x, N(id)->in[1]);
   int end = id + 1;
   while (!x->adamw_single && end < x->g->n_nodes && N(end)->op == OP_ADAMW && DT(x, N(end)->in[1]) == gt &&

@@ -158,6 +158,8 @@ typedef struct {
   double lr, beta1, beta2, eps, wd; /* wd = 0: no decay (norms) */
   int64_t step;                     /* from 1 */
   double clip;                      /* <= 0: no clipping */
+  int moments_bf16;                 /* the moments m and v are stored in bf16 (adamw(moments = bf16)),
+                                       rounded to nearest after each update; else f32 */
 } rt_cuda_adamw_hp;
 /* ck_adamw_step with grad_scale = ck_clip_coef(*gnorm, clip), formed on the device from the
  * norm rt_cuda_grad_norm left there (gnorm 0: scale 1). g is f32 or bf16 (gt); wb, when not
@@ -281,7 +283,7 @@ int64_t rt_cuda_tile_blk_floats(int64_t N, int64_t K);
  * 128. g: the stacked gradient (E, A, B) of dtype gt, or 0: only the squares of the weights as
  * they are (hp unused). */
 typedef struct {
-  gpu_ptr w, m, v;      /* f32 (A, cols): the weight and its moments */
+  gpu_ptr w, m, v;      /* (A, cols): the f32 weight and its moments (bf16 with hp->moments_bf16) */
   int64_t c0, cols;     /* its columns of the stack */
 } rt_cuda_sq_param;
 int rt_cuda_adamw_squares(rt_cuda *k, gpu_ptr tab, int parts, int64_t E, int64_t A, int64_t B, cg_dtype gt, gpu_ptr g,

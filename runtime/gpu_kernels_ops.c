@@ -445,7 +445,7 @@ int rt_cuda_adamw_step_win(rt_cuda *k, gpu_ptr p, cg_dtype gt, gpu_ptr g, gpu_pt
   char name[64];
   int64_t gc = win ? win->g_cols : 1, gl = win ? win->g_ld : 1, wc = win ? win->wb_cols : 1, wl = win ? win->wb_ld : 1;
   if (check_win(k, n, gc, gl, wc, wl) != 0) return -1;
-  KN("adamw", 1, gt);
+  KN("adamw", 2, gt, hp->moments_bf16 ? CG_DT_BF16 : CG_DT_F32);
   rtk_adamw_scalars s = rtk_adamw_scalars_of(hp);
   float decay = (float)(1.0 - hp->lr * hp->wd);
   int decay_on = hp->wd != 0.0;
@@ -470,7 +470,7 @@ static int by_size_desc(const void *a, const void *b) {
 int rt_cuda_adamw_multi(rt_cuda *k, cg_dtype gt, const rt_cuda_adamw_tensor *t_in, int n_tensors, gpu_ptr gnorm,
                         const rt_cuda_adamw_hp *hp) {
   char name[64];
-  KN("adamw_table", 1, gt);
+  KN("adamw_table", 2, gt, hp->moments_bf16 ? CG_DT_BF16 : CG_DT_F32);
   rtk_adamw_scalars s = rtk_adamw_scalars_of(hp);
   /* largest first: a launch's x blocks are sized for its largest tensor, so tensors of like
      size share launches (the parameters are independent: the order changes no value) */

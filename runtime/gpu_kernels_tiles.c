@@ -39,7 +39,7 @@ int rt_cuda_adamw_squares(rt_cuda *k, gpu_ptr tab, int parts, int64_t E, int64_t
   int decay_on = wd != 0.0;
   const cg_variant v = {(int)block, 1};
   char name[64];
-  cg_kname(name, sizeof name, "adamw_squares", 1, gt);
+  cg_kname(name, sizeof name, "adamw_squares", 2, gt, hp && hp->moments_bf16 ? CG_DT_BF16 : CG_DT_F32);
   return rtk_launch(k, CG_FAM_MXFP8, &v, name, (uint64_t)(E * (A / 128) * (B / 128)), 1, CG_NT_MX,
                     ARGS(&tab, &parts, &g, &A, &B, &gnorm, &s.clip, &decay, &decay_on, &s.w1, &s.b2, &s.c2, &s.neg_step,
                          &s.bc2_sqrt, &s.eps, &s.small, &q, &blk, &qt, &blkt));

@@ -24,6 +24,7 @@ static double normal01(uint64_t *s) {
 rt_params *rt_params_new(const ir_graph *g, uint64_t seed) {
   rt_params *ps = calloc(1, sizeof *ps);
   if (!ps) return NULL;
+  ps->moments_bf16 = g->cfg.moments_bf16;
   for (int i = 0; i < g->n_nodes; i++) ps->n += g->nodes[i].op == OP_PARAM;
   ps->p = calloc((size_t)(ps->n ? ps->n : 1), sizeof *ps->p);
   if (!ps->p) {

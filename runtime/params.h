@@ -20,6 +20,7 @@ typedef struct {
   rt_param *p;
   int n;
   int64_t step; /* optimizer steps taken */
+  int moments_bf16; /* adamw(moments = bf16): m and v hold bf16 values (a device keeps them in bf16) */
 } rt_params;
 
 /* One parameter per PARAM node of g, initialised as its attributes say (normal(std) or

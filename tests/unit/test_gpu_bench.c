@@ -104,7 +104,7 @@ int main(void) {
   const int64_t np_ = (64 << 20) / 8192 * T; /* 64M parameters at T = 8192 */
   gpu_ptr p = buf(np_ * 4), g = buf(np_ * 4), m = buf(np_ * 4), v = buf(np_ * 4), nrm = buf(4);
   gpu_memset32(G, v, 0x3c000000u, (size_t)np_);
-  rt_cuda_adamw_hp hp = {3e-4, 0.9, 0.95, 1e-8, 0.1, 10, 1.0};
+  rt_cuda_adamw_hp hp = {3e-4, 0.9, 0.95, 1e-8, 0.1, 10, 1.0, 0};
   const cg_dtype f32 = CG_DT_F32;
   gpu_ptr wb = buf(np_ * 2);
   BENCH("grad norm (64M f32)", np_ * 4, rt_cuda_grad_norm(K, &g, &f32, &np_, 1, nrm));

@@ -534,7 +534,7 @@ static void test_optim(void) {
     gpu_ptr dn = up_f(&cs[ci].norm, 1, CG_DT_F32);
     float scale = cs[ci].clip > 0 ? ck_clip_coef(cs[ci].norm, cs[ci].clip) : 1.0f;
     ck_adamw_step(p, g, m, v, n, cs[ci].step, scale, 3e-4, cs[ci].b1, 0.95, 1e-8, cs[ci].wd);
-    rt_cuda_adamw_hp hp = {3e-4, cs[ci].b1, 0.95, 1e-8, cs[ci].wd, cs[ci].step, cs[ci].clip};
+    rt_cuda_adamw_hp hp = {3e-4, cs[ci].b1, 0.95, 1e-8, cs[ci].wd, cs[ci].step, cs[ci].clip, 0};
     RUN(rt_cuda_adamw_step(K, dp, gt, dg, dm, dv, dwb, n, dn, &hp));
     char what[128];
     snprintf(what, sizeof what, "adamw b1=%g wd=%g clip=%g step=%lld norm=%g grad %s: p", cs[ci].b1, cs[ci].wd,
@@ -565,7 +565,7 @@ static void test_optim(void) {
     gpu_ptr dp = up_f(p, nw, CG_DT_F32), dg = up_f(gw, R * GL, gt), dm = up_f(m, nw, CG_DT_F32), dv = up_f(v, nw, CG_DT_F32);
     gpu_ptr dwb = up_f(wbh, R * WL, CG_DT_BF16), dn = up_f(&cs[0].norm, 1, CG_DT_F32);
     ck_adamw_step(p, g, m, v, nw, 5, ck_clip_coef(cs[0].norm, 1.0), 3e-4, 0.9, 0.95, 1e-8, 0.1);
-    rt_cuda_adamw_hp hp = {3e-4, 0.9, 0.95, 1e-8, 0.1, 5, 1.0};
+    rt_cuda_adamw_hp hp = {3e-4, 0.9, 0.95, 1e-8, 0.1, 5, 1.0, 0};
     rt_cuda_adamw_win win = {C, GL, C, WL};
     RUN(rt_cuda_adamw_step_win(K, dp, gt, dg, dm, dv, dwb + (gpu_ptr)WO * 2, nw, dn, &hp, &win));
     char what[96];
@@ -619,7 +619,7 @@ static void test_optim(void) {
       free(g), free(gw);
     }
     gpu_ptr dn = up_f(&cs[0].norm, 1, CG_DT_F32);
-    rt_cuda_adamw_hp hp9 = {3e-4, 0.9, 0.95, 1e-8, 0, 9, 1.0};
+    rt_cuda_adamw_hp hp9 = {3e-4, 0.9, 0.95, 1e-8, 0, 9, 1.0, 0};
     RUN(rt_cuda_adamw_multi(K, gt, t, NT, dn, &hp9));
     int exact = 1;
     for (int i = 0; i < NT; i++) {
@@ -643,6 +643,34 @@ static void test_optim(void) {
     CHECK(exact, "adamw_multi (%d parameters, grad %s): not bit for bit ck_adamw_step", NT, cg_dtype_name(gt));
     printf("  adamw_multi: %d parameters in %d launches (grad %s), weights, moments and copies bit for bit\n", NT,
            (NT + CG_AW_TABLE - 1) / CG_AW_TABLE, cg_dtype_name(gt));
+    dfree_all();
+  }
+  /* adamw(moments = bf16): m and v stored in bf16 -- bit for bit ck_adamw_step (which uses them
+     unrounded) then ck_round_bf16 of both, through the single and the table launch, f32 and
+     bf16 gradients, a clipping norm, 20011 values (a scalar tail) */
+  for (int c = 0; c < 4; c++) {
+    const cg_dtype gt = c % 2 ? CG_DT_BF16 : CG_DT_F32;
+    const int multi = c >= 2;
+    float *p = rnd(n, -1, 1, CG_DT_F32), *g = rnd(n, -1, 1, gt), *m = rnd(n, -0.1f, 0.1f, CG_DT_BF16);
+    float *v = rnd(n, 1e-6f, 1e-2f, CG_DT_BF16), *got = falloc(n);
+    gpu_ptr dp = up_f(p, n, CG_DT_F32), dg = up_f(g, n, gt), dm = up_f(m, n, CG_DT_BF16), dv = up_f(v, n, CG_DT_BF16);
+    gpu_ptr dn = up_f(&cs[0].norm, 1, CG_DT_F32);
+    ck_adamw_step(p, g, m, v, n, 4, ck_clip_coef(cs[0].norm, 1.0), 3e-4, 0.9, 0.95, 1e-8, 0.1);
+    ck_round_bf16(m, n);
+    ck_round_bf16(v, n);
+    rt_cuda_adamw_hp hp = {3e-4, 0.9, 0.95, 1e-8, 0.1, 4, 1.0, 1};
+    rt_cuda_adamw_tensor t = {dp, dg, dm, dv, 0, n, 0.1, {0, 0, 0, 0}};
+    if (multi) RUN(rt_cuda_adamw_multi(K, gt, &t, 1, dn, &hp));
+    else RUN(rt_cuda_adamw_step(K, dp, gt, dg, dm, dv, 0, n, dn, &hp));
+    char what[96];
+    snprintf(what, sizeof what, "adamw, bf16 moments (%s, grad %s): p", multi ? "table" : "single", cg_dtype_name(gt));
+    get_f(got, dp, n, CG_DT_F32);
+    cmp(what, got, p, n, CG_DT_F32, -1, 0);
+    get_f(got, dm, n, CG_DT_BF16);
+    cmp("  m (bf16)", got, m, n, CG_DT_BF16, -1, 0);
+    get_f(got, dv, n, CG_DT_BF16);
+    cmp("  v (bf16)", got, v, n, CG_DT_BF16, -1, 0);
+    free(p), free(g), free(m), free(v), free(got);
     dfree_all();
   }
   /* global norm over buffers of assorted sizes (one empty), f32 and bf16 mixed */

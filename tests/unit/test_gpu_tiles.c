@@ -148,9 +148,10 @@ static void test_gemm_tiles(void) {
  * and 256 columns wide (a square's part found by its column), gradients of dtype gt in the
  * stack's layout, a norm that clips; then the quantize-only form (no gradient) against the
  * quantize of the bf16 copy, the weights left alone. */
-static void test_adamw_squares(cg_dtype gt) {
+static void test_adamw_squares(cg_dtype gt, int moments_bf16) {
   const int64_t E = 2, A = 256, B = 384, n = E * A * B, parts = 2, cols[2] = {128, 256}, c0s[2] = {0, 128};
-  const rt_cuda_adamw_hp hp = {1e-3, 0.9, 0.95, 1e-8, 0.1, 3, 1.0};
+  const rt_cuda_adamw_hp hp = {1e-3, 0.9, 0.95, 1e-8, 0.1, 3, 1.0, moments_bf16};
+  const cg_dtype mt = moments_bf16 ? CG_DT_BF16 : CG_DT_F32; /* the moments' storage */
   const float norm = 4.0f; /* > clip: every gradient scaled by 1 / 4 */
   float *g = square_binades(E, A, B, gt);
   gpu_ptr dg = up_f(g, n, gt), dnorm = up_f(&norm, 1, CG_DT_F32);
@@ -161,9 +162,8 @@ static void test_adamw_squares(cg_dtype gt) {
   for (int64_t part = 0; part < parts; part++)
     for (int64_t e = 0; e < E; e++) {
       const int64_t k = part * E + e, np = A * cols[part];
-      float *wh = square_binades(1, A, cols[part], CG_DT_F32), *mh = rnd(np, -0.01f, 0.01f, CG_DT_F32),
-            *vh = rnd(np, 0.0f, 1e-4f, CG_DT_F32);
-      for (int p = 0; p < 2; p++) w[p][k] = up_f(wh, np, CG_DT_F32), m[p][k] = up_f(mh, np, CG_DT_F32), v[p][k] = up_f(vh, np, CG_DT_F32);
+      float *wh = square_binades(1, A, cols[part], CG_DT_F32), *mh = rnd(np, -0.01f, 0.01f, mt), *vh = rnd(np, 0.0f, 1e-4f, mt);
+      for (int p = 0; p < 2; p++) w[p][k] = up_f(wh, np, CG_DT_F32), m[p][k] = up_f(mh, np, mt), v[p][k] = up_f(vh, np, mt);
       const size_t es = gt == CG_DT_BF16 ? 2 : 4;
       t[k] = (rt_cuda_adamw_tensor){w[0][k], dg + (gpu_ptr)((size_t)(e * A * B + c0s[part]) * es), m[0][k], v[0][k],
                                     stack + (gpu_ptr)((size_t)(e * A * B + c0s[part]) * 2), np, 0.1,
@@ -195,15 +195,16 @@ static void test_adamw_squares(cg_dtype gt) {
       const int64_t np = A * cols[k / E];
       gpu_ptr a[3] = {w[0][k], m[0][k], v[0][k]}, b[3] = {w[1][k], m[1][k], v[1][k]};
       for (int i = 0; i < 3; i++) {
+        const size_t bytes = (size_t)np * (i && moments_bf16 ? 2 : 4);
         float *x0 = falloc(np), *x1 = falloc(np);
-        download(x0, a[i], (size_t)np * 4);
-        download(x1, b[i], (size_t)np * 4);
-        same &= memcmp(x0, x1, (size_t)np * 4) == 0;
+        download(x0, a[i], bytes);
+        download(x1, b[i], bytes);
+        same &= memcmp(x0, x1, bytes) == 0;
         free(x0), free(x1);
       }
     }
-    CHECK(same, "adamw_squares [%s%s]: weights or moments differ from adamw_multi's", cg_dtype_name(gt),
-          pass ? ", no gradient" : "");
+    CHECK(same, "adamw_squares [%s%s%s]: weights or moments differ from adamw_multi's", cg_dtype_name(gt),
+          moments_bf16 ? ", bf16 moments" : "", pass ? ", no gradient" : "");
     for (int tr = 0; tr < 2; tr++) {
       uint8_t *a = malloc((size_t)n), *b = malloc((size_t)n);
       float *fa = falloc(segs[tr]), *fb = falloc(segs[tr]);
@@ -217,8 +218,8 @@ static void test_adamw_squares(cg_dtype gt) {
             pass ? ", no gradient" : "", tr ? "transposed" : "row");
       free(a), free(b), free(fa), free(fb);
     }
-    printf("  adamw_squares [%s%s]: weights, moments, both orientations' bytes and scales bit-exact\n", cg_dtype_name(gt),
-           pass ? ", no gradient" : ", clipped step");
+    printf("  adamw_squares [%s%s%s]: weights, moments, both orientations' bytes and scales bit-exact\n", cg_dtype_name(gt),
+           moments_bf16 ? ", bf16 moments" : "", pass ? ", no gradient" : ", clipped step");
   }
   CHECK(rt_cuda_adamw_squares(K, dtab, (int)parts, E, A, 200, gt, dg, dnorm, &hp, 0.1, 32, q[1][0], blk[1][0], q[1][1],
                               blk[1][1]) != 0,
@@ -236,7 +237,8 @@ int main(void) {
   printf("GPU 0: %s; seed %llu (MOEC_TEST_SEED repeats it)\n", gpu_info(G)->name, (unsigned long long)seed);
   for (int t = 0; t < CG_DT_COUNT; t++)
     for (int tr = 0; tr < 2; tr++) test_quantize_tiles((cg_dtype)t, tr);
-  for (int t = 0; t < CG_DT_COUNT; t++) test_adamw_squares((cg_dtype)t);
+  for (int t = 0; t < CG_DT_COUNT; t++)
+    for (int mb = 0; mb < 2; mb++) test_adamw_squares((cg_dtype)t, mb);
   if (gpu_info(G)->cc_major >= 9) test_gemm_tiles();
   else printf("  fp8 gemm with square scales: needs sm_90 (skipped on this GPU)\n");
   rt_cuda_free(K);
