@@ -207,12 +207,12 @@ int main(int argc, char **argv) {
   }
   /* the optimizer step of a gate_up weight stack (E, H, 2F) under the weight-tile recipe: AdamW
      writing the bf16 copies then both square quantizes (the copies path, MOEC_SQUARES=0) against
-     AdamW writing both orientations' squares (rt_cuda_adamw_squares).
+     AdamW writing both orientations' squares (rt_cuda_adamw_squares), with f32 and bf16 moments.
      Bytes an element: copies 28 + 6 (g bf16 2, w m v read 12 written 12, copy 2; the quantizes read
-     the copy twice and write 2), squares 28. */
+     the copy twice and write 2), squares 28 (bf16 moments 20). */
   for (size_t mi = 0; mi < sizeof models / sizeof models[0]; mi++) {
     const int64_t H = models[mi].hidden, C = 2 * models[mi].ffn, n = H * C, N = E * n;
-    const rt_cuda_adamw_hp hp = {1e-4, 0.9, 0.95, 1e-8, 0.1, 5, 1.0, 0};
+    rt_cuda_adamw_hp hp = {1e-4, 0.9, 0.95, 1e-8, 0.1, 5, 1.0, 0};
     gpu_ptr w, m, v, gr, wb, q0, q1, b0, b1, cd, tab;
     if (gpu_alloc(G, &w, (size_t)N * 4, "w") || gpu_alloc(G, &m, (size_t)N * 4, "m") || gpu_alloc(G, &v, (size_t)N * 4, "v") ||
         gpu_alloc(G, &gr, (size_t)N * 2, "g") || gpu_alloc(G, &wb, (size_t)N * 2, "wb") || gpu_alloc(G, &q0, (size_t)N, "q") ||
@@ -232,12 +232,15 @@ int main(int argc, char **argv) {
       t[e] = (rt_cuda_adamw_tensor){w + o4, gr + o2, m + o4, v + o4, wb + o2, n, 0.1, {0, 0, 0, 0}};
     }
     if (gpu_upload(G, tab, th, sizeof th)) die(gpu_error(G));
-    for (int kn = 0; kn < 2; kn++) {
+    for (int kn = 0; kn < 5; kn++) {
+      hp.moments_bf16 = kn == 2 || kn == 4; /* the moments' buffers, f32-sized, read as bf16 */
+      for (int64_t e = 0; e < E; e++) t[e].wb = kn >= 3 ? 0 : wb + (gpu_ptr)(e * n * 2);
       for (int r = -1; r < reps; r++) {
         void *e0, *e1;
         gpu_event_new(G, &e0), gpu_event_new(G, &e1);
         gpu_event_record(G, e0);
-        int rc = kn == 0 ? rt_cuda_adamw_multi(KR, CG_DT_BF16, t, (int)E, 0, &hp) ||
+        int rc = kn >= 3 ? rt_cuda_adamw_multi(KR, CG_DT_BF16, t, (int)E, 0, &hp)
+               : kn == 0 ? rt_cuda_adamw_multi(KR, CG_DT_BF16, t, (int)E, 0, &hp) ||
                                rt_cuda_mxfp8_quantize_tiles(KR, CG_DT_BF16, wb, 0, E, H, C, 32, 0, q0, cd, b0) ||
                                rt_cuda_mxfp8_quantize_tiles(KR, CG_DT_BF16, wb, 0, E, H, C, 32, 1, q1, cd, b1)
                          : rt_cuda_adamw_squares(KR, tab, 1, E, H, C, CG_DT_BF16, gr, 0, &hp, 0.1, 32, q0, b0, q1, b1);
@@ -248,8 +251,12 @@ int main(int argc, char **argv) {
         gpu_event_free(G, e0), gpu_event_free(G, e1);
         if (r == reps - 1)
           printf("{\"model\":\"%s\",\"kernel\":\"%s\",\"ms\":%.4f,\"GB_per_s\":%.0f}\n", models[mi].name,
-                 kn == 0 ? "adamw + bf16 copy, quantize_tiles x2 (E, H, 2F)" : "adamw_squares (E, H, 2F)",
-                 ms, (double)N * (kn == 0 ? 34 : 28) / (ms * 1e6));
+                 kn == 0   ? "adamw + bf16 copy, quantize_tiles x2 (E, H, 2F)"
+                 : kn == 1 ? "adamw_squares (E, H, 2F)"
+                 : kn == 2 ? "adamw_squares, bf16 moments (E, H, 2F)"
+                 : kn == 3 ? "adamw alone (E, H, 2F)"
+                           : "adamw alone, bf16 moments (E, H, 2F)",
+                 ms, (double)N * (kn == 0 ? 34 : kn == 1 ? 28 : kn == 2 ? 20 : kn == 3 ? 26 : 18) / (ms * 1e6));
       }
     }
     gpu_ptr all[] = {w, m, v, gr, wb, q0, q1, b0, b1, cd, tab};
