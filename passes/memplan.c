@@ -69,7 +69,8 @@ void memplan_estimate(const ir_graph *g, memplan *out) {
       if (!dup) live -= ir_type_numel_bound(g, &src->type) * dtype_bytes(src->type.dtype);
     }
   }
-  out->optimizer = has_adamw ? 2 * out->params : 0;
+  /* AdamW's m and v: f32 as the weights, or half with adamw(moments = bf16) */
+  out->optimizer = has_adamw ? (g->cfg.moments_bf16 ? 1 : 2) * out->params : 0;
   out->total = out->params + out->optimizer + out->copies + out->activations;
   free(last);
 }

@@ -155,11 +155,12 @@ void gpu_runtime_free(gpu_runtime *rt) {
 }
 
 /* A moment (n) between the host's f32 and the device's storage: bf16 with moments_bf16
- * (rounded to nearest on the way up, widened exactly on the way down). */
+ * (rounded to nearest on the way up, widened exactly on the way down). -1: a GPU error, -2:
+ * out of host memory. */
 static int moment_move(gpu_runtime *rt, int up, gpu_ptr d, float *h, int64_t n) {
   if (!rt->ps->moments_bf16) return up ? gpu_upload(rt->g, d, h, (size_t)n * 4) : gpu_download(rt->g, h, d, (size_t)n * 4);
   uint16_t *b = malloc((size_t)(n > 0 ? n : 1) * 2);
-  if (!b) return -1;
+  if (!b) return -2;
   int rc = 0;
   if (up) {
     for (int64_t i = 0; i < n; i++) b[i] = ck_float_to_bf16(h[i]);
@@ -168,33 +169,34 @@ static int moment_move(gpu_runtime *rt, int up, gpu_ptr d, float *h, int64_t n) 
     for (int64_t i = 0; i < n; i++) h[i] = ck_bf16_to_float(b[i]);
   }
   free(b);
-  return rc;
+  return rc ? -1 : 0;
+}
+
+/* Weights and moments of ps to the device (up) or back. */
+static int params_move(gpu_runtime *rt, rt_params *ps, int up, char *err, size_t errlen) {
+  for (int i = 0; i < ps->n; i++) {
+    rt_param *p = &ps->p[i];
+    const size_t bytes = (size_t)p->numel * 4;
+    int rc = up ? gpu_upload(rt->g, rt->dp[i].w, p->w, bytes) : gpu_download(rt->g, p->w, rt->dp[i].w, bytes);
+    if (rc == 0) rc = moment_move(rt, up, rt->dp[i].m, p->m, p->numel);
+    if (rc == 0) rc = moment_move(rt, up, rt->dp[i].v, p->v, p->numel);
+    if (rc) {
+      snprintf(err, errlen, "%s", rc == -2 ? "out of host memory for the bf16 moments" : gpu_error(rt->g));
+      return -1;
+    }
+    if (up) rt->dp[i].wb_fresh = 0;
+  }
+  if (up)
+    for (int s = 0; s < rt->n_stacks; s++) rt->stacks[s].fresh = 0;
+  return 0;
 }
 
 int gpu_runtime_upload(gpu_runtime *rt, const rt_params *ps, char *err, size_t errlen) {
-  for (int i = 0; i < ps->n; i++) {
-    size_t bytes = (size_t)ps->p[i].numel * 4;
-    if (gpu_upload(rt->g, rt->dp[i].w, ps->p[i].w, bytes) || moment_move(rt, 1, rt->dp[i].m, ps->p[i].m, ps->p[i].numel) ||
-        moment_move(rt, 1, rt->dp[i].v, ps->p[i].v, ps->p[i].numel)) {
-      snprintf(err, errlen, "%s", gpu_error(rt->g)[0] ? gpu_error(rt->g) : "out of host memory");
-      return -1;
-    }
-    rt->dp[i].wb_fresh = 0;
-  }
-  for (int s = 0; s < rt->n_stacks; s++) rt->stacks[s].fresh = 0;
-  return 0;
+  return params_move(rt, (rt_params *)ps, 1, err, errlen); /* (read only on the way up) */
 }
 
 int gpu_runtime_download(gpu_runtime *rt, rt_params *ps, char *err, size_t errlen) {
-  for (int i = 0; i < ps->n; i++) {
-    size_t bytes = (size_t)ps->p[i].numel * 4;
-    if (gpu_download(rt->g, ps->p[i].w, rt->dp[i].w, bytes) || moment_move(rt, 0, rt->dp[i].m, ps->p[i].m, ps->p[i].numel) ||
-        moment_move(rt, 0, rt->dp[i].v, ps->p[i].v, ps->p[i].numel)) {
-      snprintf(err, errlen, "%s", gpu_error(rt->g)[0] ? gpu_error(rt->g) : "out of host memory");
-      return -1;
-    }
-  }
-  return 0;
+  return params_move(rt, ps, 0, err, errlen);
 }
 
 const char *gpu_runtime_device(const gpu_runtime *rt) { return rt->device; }
@@ -1011,7 +1013,7 @@ static int squares_adamw(gx *x, int id, cg_dtype gt, const rt_cuda_adamw_hp *hp,
       for (int64_t e = 0; e < sk->E; e++) {
         const int j = at[sk->params[part * sk->E + e]];
         in_run |= j >= 0;
-        all &= j >= 0 && j00 >= 0 && t[j].wd == t[j00].wd &&
+        all &= j >= 0 && j00 >= 0 && t[j].n >= 0 && t[j].wd == t[j00].wd && t[j00].g % 16 == 0 &&
                squares_grad_fits(sk, &t[j], gt, t[j00].g, e, c0, rt->ps->p[sk->params[part * sk->E + e]].numel / sk->A);
       }
     if (!in_run) continue;
@@ -1044,7 +1046,7 @@ static int exec_ADAMW(gx *x, int id) {
   if (id > x->aw_from && id <= x->aw_until) return 0;
   const moec_config *c = &x->g->cfg;
   rt_cuda_adamw_hp hp = {ck_lr_at(x->step, c->steps, c->warmup, c->lr, c->min_lr, c->schedule), c->beta1, c->beta2,
-                         c->adam_eps, 0, x->step, c->clip, c->moments_bf16};
+                         c->adam_eps, 0, x->step, c->clip, x->rt->ps->moments_bf16 /* as they are stored */};
   const cg_dtype gt = DT(x, N(id)->in[1]);
   int end = id + 1;
   while (!x->adamw_single && end < x->g->n_nodes && N(end)->op == OP_ADAMW && DT(x, N(end)->in[1]) == gt &&
@@ -1710,9 +1712,26 @@ static int squares_alloc(gx *x, int id, dev_stack *sk, char *err, size_t errlen)
            gpu_alloc(rt->g, &sk->tab, (size_t)sk->n * sizeof *tab, what) ||
            gpu_upload(rt->g, sk->tab, tab, (size_t)sk->n * sizeof *tab);
   free(tab);
-  if (rc) snprintf(err, errlen, "%s", gpu_error(rt->g));
+  if (rc) {
+    snprintf(err, errlen, "%s", gpu_error(rt->g));
+    return -1;
+  }
   sk->squares = 1;
-  return rc ? -1 : 0;
+  return 0;
+}
+
+/* The stack last registered for node id, whose storage could not be made, taken back (no later
+ * graph may share it); -1. */
+static int stack_unmake(gx *x, int id) {
+  gpu_runtime *rt = x->rt;
+  dev_stack *sk = &rt->stacks[--rt->n_stacks];
+  for (int j = 0; j < sk->n; j++) rt->dp[sk->params[j]].squares = 0;
+  gpu_free(rt->g, sk->p);
+  for (int k = 0; k < 2; k++) gpu_free(rt->g, sk->q[k]), gpu_free(rt->g, sk->blk[k]);
+  gpu_free(rt->g, sk->tab);
+  free(sk->params);
+  x->stack_of[id] = -1;
+  return -1;
 }
 
 /* Storage for the stacked views (gpu_views.h, VIEW_STACKED): the stack's parameters get their
@@ -1748,8 +1767,8 @@ static int plan_stacks(gx *x, char *err, size_t errlen) {
     int shared = -1, free_copies = n % E == 0;
     for (int s = 0; s < rt->n_stacks; s++)
       if (rt->stacks[s].n == n && memcmp(rt->stacks[s].params, pi, (size_t)n * sizeof *pi) == 0) shared = s;
-    for (int j = 0; j < n; j++)
-      free_copies &= !rt->dp[pi[j]].wb && rt->ps->p[pi[j]].numel == in * COLS(st->in[j]);
+    for (int j = 0; j < n; j++) /* (a parameter is in one stack kept as squares at most) */
+      free_copies &= !rt->dp[pi[j]].wb && !rt->dp[pi[j]].squares && rt->ps->p[pi[j]].numel == in * COLS(st->in[j]);
     const int squares = free_copies && squares_ok(x, id);
     if (shared >= 0 && rt->stacks[shared].squares && !squares) shared = -1, free_copies = 0; /* copies of its own */
     if (shared >= 0 || !free_copies) {
@@ -1766,12 +1785,12 @@ static int plan_stacks(gx *x, char *err, size_t errlen) {
     sk->n = n;
     x->stack_of[id] = rt->n_stacks++;
     if (squares) {
-      if (squares_alloc(x, id, sk, err, errlen) != 0) return -1;
+      if (squares_alloc(x, id, sk, err, errlen) != 0) return stack_unmake(x, id);
       continue;
     }
     if (gpu_alloc(rt->g, &sk->p, (size_t)(E * in * C) * 2, "the stacked bf16 expert weights") != 0) {
       snprintf(err, errlen, "%s", gpu_error(rt->g));
-      return -1;
+      return stack_unmake(x, id);
     }
     /* operand p*E + e is part p of expert e: columns c0 .. c0+w of its rows */
     for (int64_t part = 0, c0 = 0; part < n / E; part++) {
@@ -1891,6 +1910,61 @@ int gpu_exec_squares(const gpu_exec *x) {
   int n = 0;
   for (int id = 0; id < x->g->n_nodes; id++) n += x->stack_of[id] >= 0 && x->rt->stacks[x->stack_of[id]].squares;
   return n;
+}
+
+/* Stack sk's orientation tr against rt_cuda_mxfp8_quantize_tiles of its weights rounded to
+ * bf16 (laid out as the stack in stk), byte for byte and scale for scale; 1: they match. */
+static int squares_match(gpu_runtime *rt, const dev_stack *sk, gpu_ptr stk, int tr, gpu_ptr q, gpu_ptr codes, gpu_ptr blk,
+                         uint8_t *hq, uint8_t *hs, float *hb, float *hbs, char *err, size_t errlen) {
+  const int64_t nq = sk->E * sk->A * sk->B, N = tr ? sk->B : sk->A, K = tr ? sk->A : sk->B,
+                nb = sk->E * rt_cuda_tile_blk_floats(N, K), ldk = (K / 128 + 3) / 4 * 4;
+  if (rt_cuda_mxfp8_quantize_tiles(rt->k, CG_DT_BF16, stk, 0, sk->E, sk->A, sk->B, sk->block, tr, q, codes, blk) ||
+      gpu_download(rt->g, hq, q, (size_t)nq) || gpu_download(rt->g, hs, sk->q[tr], (size_t)nq) ||
+      gpu_download(rt->g, hb, blk, (size_t)nb * 4) || gpu_download(rt->g, hbs, sk->blk[tr], (size_t)nb * 4)) {
+    snprintf(err, errlen, "%s", rt_cuda_error(rt->k)[0] ? rt_cuda_error(rt->k) : gpu_error(rt->g));
+    return -1;
+  }
+  int same = memcmp(hq, hs, (size_t)nq) == 0;
+  for (int64_t i = 0; i < nb; i++) /* the rows' padding to 4 is written by neither */
+    if (i % ldk < K / 128 && memcmp(&hb[i], &hbs[i], 4) != 0) same = 0;
+  return same;
+}
+
+int gpu_exec_check_squares(gpu_exec *x, char *err, size_t errlen) {
+  gpu_runtime *rt = x->rt;
+  int checked = 0;
+  for (int s = 0; s < rt->n_stacks; s++) {
+    const dev_stack *sk = &rt->stacks[s];
+    if (!sk->squares || !sk->fresh) continue;
+    const int64_t nq = sk->E * sk->A * sk->B, nb = sk->E * rt_cuda_tile_blk_floats(sk->A, sk->B) +
+                                                 sk->E * rt_cuda_tile_blk_floats(sk->B, sk->A);
+    gpu_ptr stk = 0, q = 0, codes = 0, blk = 0;
+    uint8_t *hq = malloc((size_t)nq), *hs = malloc((size_t)nq);
+    float *hb = malloc((size_t)nb * 4), *hbs = malloc((size_t)nb * 4);
+    int rc = !hq || !hs || !hb || !hbs ? (snprintf(err, errlen, "out of host memory"), -1) : 0;
+    if (rc == 0 && (gpu_alloc(rt->g, &stk, (size_t)nq * 2, "a squares check") || gpu_alloc(rt->g, &q, (size_t)nq, "a squares check") ||
+                    gpu_alloc(rt->g, &codes, (size_t)nq, "a squares check") || gpu_alloc(rt->g, &blk, (size_t)nb * 4, "a squares check")))
+      rc = (snprintf(err, errlen, "%s", gpu_error(rt->g)), -1);
+    for (int64_t part = 0, c0 = 0; rc == 0 && part < sk->n / sk->E; part++) { /* the weights, rounded, as the stack */
+      const int64_t w = rt->ps->p[sk->params[part * sk->E]].numel / sk->A;
+      for (int64_t e = 0; rc == 0 && e < sk->E; e++)
+        if (rt_cuda_copy_cols(rt->k, CG_DT_F32, CG_DT_BF16, rt->dp[sk->params[part * sk->E + e]].w, w, 0,
+                              stk + (gpu_ptr)((e * sk->A * sk->B + c0) * 2), sk->B, 0, sk->A, w))
+          rc = (snprintf(err, errlen, "%s", rt_cuda_error(rt->k)), -1);
+      c0 += w;
+    }
+    for (int tr = 0; rc == 0 && tr < 2; tr++) {
+      int m = squares_match(rt, sk, stk, tr, q, codes, blk, hq, hs, hb, hbs, err, errlen);
+      if (m == 0) snprintf(err, errlen, "stack %d of %lld x %lld x %lld: the %s squares are not those of the weights", s,
+                           (long long)sk->E, (long long)sk->A, (long long)sk->B, tr ? "transposed" : "row");
+      rc = m == 1 ? 0 : -1;
+    }
+    gpu_free(rt->g, stk), gpu_free(rt->g, q), gpu_free(rt->g, codes), gpu_free(rt->g, blk);
+    free(hq), free(hs), free(hb), free(hbs);
+    if (rc) return -1;
+    checked++;
+  }
+  return checked;
 }
 
 int gpu_exec_fp8_sites(const gpu_exec *x) {

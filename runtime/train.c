@@ -419,6 +419,8 @@ static int train_rank(rank_ctx *r) {
       goto done;
     }
     if (load_checkpoint(ev.parts, ev.n, ps, o->ckpt_dir)) goto done;
+    if (ps->moments_bf16) /* moments saved in f32 (a run without moments = bf16) start as a GPU would hold them */
+      for (int i = 0; i < ps->n; i++) ck_round_bf16(ps->p[i].m, ps->p[i].numel), ck_round_bf16(ps->p[i].v, ps->p[i].numel);
     fprintf(msgf, "resumed from %s at step %lld\n", o->ckpt_dir, (long long)ps->step);
   }
   if (o->cuda) {

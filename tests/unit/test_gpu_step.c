@@ -92,7 +92,7 @@ static int compare(const char *path, const moec_set *sets, int n_sets, int fused
       fprintf(stderr, "%s: step %lld: %zu bytes in use between steps; %zu after step 2, %zu after step 3\n", path,
               (long long)s, held, held_after2, held_after3);
     }
-    if (held < (size_t)rt_params_numel(pg) * 12) { /* the fp32 weights and both moments at least */
+    if (held < (size_t)rt_params_numel(pg) * (g->cfg.moments_bf16 ? 8 : 12)) { /* the f32 weights and both moments at least */
       failed++;
       fprintf(stderr, "%s: step %lld: %zu bytes in use between steps, fewer than the weights and moments\n", path,
               (long long)s, held);
@@ -133,6 +133,15 @@ static int compare(const char *path, const moec_set *sets, int n_sets, int fused
                 ir_get_str(&g->nodes[g->nodes[id].in[0]], "name", "?"), maxd, maxc, r, grad_tol);
       }
       free(gv);
+    }
+  }
+  /* the squares AdamW wrote are those of the weights it left: every step's AdamW runs through
+     them, so stale squares would show here (the losses alone let a stale step-1 copy pass) */
+  if (squares) {
+    int checked = gpu_exec_check_squares(gx, err, sizeof err);
+    if (checked < 1) {
+      failed++;
+      fprintf(stderr, "%s: squares after %lld steps: %s\n", path, (long long)steps, checked < 0 ? err : "none checked");
     }
   }
   printf("%s [%s%s, %s%s%s]: %lld steps on %s; worst loss difference %.2g (tolerance %.2g), worst gradient %.2g (tolerance %.2g)\n",
