@@ -1769,8 +1769,10 @@ static int plan_stacks(gx *x, char *err, size_t errlen) {
       if (rt->stacks[s].n == n && memcmp(rt->stacks[s].params, pi, (size_t)n * sizeof *pi) == 0) shared = s;
     for (int j = 0; j < n; j++) /* (a parameter is in one stack kept as squares at most) */
       free_copies &= !rt->dp[pi[j]].wb && !rt->dp[pi[j]].squares && rt->ps->p[pi[j]].numel == in * COLS(st->in[j]);
-    const int squares = free_copies && squares_ok(x, id);
-    if (shared >= 0 && rt->stacks[shared].squares && !squares) shared = -1, free_copies = 0; /* copies of its own */
+    const int can_square = squares_ok(x, id), squares = free_copies && can_square;
+    /* a stack another graph keeps as squares is shared if this graph can read squares, else its
+       casts become copies of their own */
+    if (shared >= 0 && rt->stacks[shared].squares && !can_square) shared = -1, free_copies = 0;
     if (shared >= 0 || !free_copies) {
       if (shared < 0) /* a copy after all */
         for (int j = 0; j < n; j++) x->view[st->in[j]] = VIEW_NONE;

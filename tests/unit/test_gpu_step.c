@@ -69,6 +69,16 @@ static int compare(const char *path, const moec_set *sets, int n_sets, int fused
     failed++;
     fprintf(stderr, "%s: the weight-tile recipe with FP8 GEMMs, yet no expert weight is kept as squares\n", path);
   }
+  if (squares) { /* a second graph on the runtime (as the validation graph is) shares them */
+    gpu_exec *gx2 = gpu_exec_new(rt, g, err, sizeof err);
+    int shared = gx2 ? gpu_exec_squares(gx2) : -1;
+    if (shared != squares) {
+      failed++;
+      fprintf(stderr, "%s: a second executor keeps %d stacks as squares, the first %d%s%s\n", path, shared, squares,
+              gx2 ? "" : ": ", gx2 ? "" : err);
+    }
+    gpu_exec_free(gx2);
+  }
   size_t held_after2 = 0, held_after3 = 0;
   const char *steps_env = getenv("MOEC_GPU_STEP_STEPS"); /* fewer steps, e.g. 3 on the CPU emulator */
   const int64_t steps = steps_env && atoi(steps_env) > 0 ? atoi(steps_env) : 20;
