@@ -40,6 +40,7 @@
 #            fp8peer did not) [150 s]
 #   stack    genos_1b mxfp8(block=128) fused, weights kept stacked and MOEC_STACK_VIEWS=0 (stacks
 #            copied, gradients unstacked), side by side (reuses the peer of genos or fp8prof) [250 s]
+#   ncuadamw the same sections for adamw_squares (f32 and bf16 moments) in bench_grouped_gemm [150 s]
 #   kbench   bench_grouped_gemm's memory-bound kernel and quantize lines alone (3 repetitions)   [60 s]
 #   ggemm    bench/grouped_gemm.sh: expert GEMMs bf16 / fp8 vs torch._grouped_mm [150 s]
 #   wgmma    test_gpu_wgmma (the device-driven FP8 grouped GEMM against the CPU), then the
@@ -206,6 +207,12 @@ for part in "${parts[@]}"; do
       --section MemoryWorkloadAnalysis --section Occupancy --section WarpStateStats --section LaunchStats \
       --section SourceCounters "$C/bench_grouped_gemm" 1 >"$L/ncukern.txt" 2>&1; echo "ncu rc $?"
     grep -E "^  moec_|Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Theoretical Occupancy|Registers Per|Warp Cycles Per Issued|Block Limit Reg|Stall|stall" "$L/ncukern.txt" | head -120 ;;
+  ncuadamw)
+    NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+    timeout 150 "$NCU" --clock-control none -k regex:'adamw_squares' -c 4 --section SpeedOfLight \
+      --section MemoryWorkloadAnalysis --section Occupancy --section WarpStateStats --section LaunchStats \
+      --section SourceCounters "$C/bench_grouped_gemm" 1 >"$L/ncuadamw.txt" 2>&1; echo "ncu rc $?"
+    grep -E "^  moec_|Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Theoretical Occupancy|Registers Per|Warp Cycles Per Issued|Block Limit Reg|Stall|stall|Local" "$L/ncuadamw.txt" | head -120 ;;
   kbench)
     timeout 60 "$C/bench_grouped_gemm" 3 2>&1 | grep '"kernel"\|"quantize"' ;;
   ggemm)
