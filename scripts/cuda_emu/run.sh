@@ -35,11 +35,14 @@ g++ "${cxxflags[@]/-O1/-O2}" -shared -Wl,-soname,libcuda_emu.so "$here/emu_drive
 # driver for its allocation table (the same instance the runtime loads)
 g++ "${cxxflags[@]/-O1/-O3}" -march=native -Wall -shared "$here/emu_cublaslt.cpp" -o "$out/libcublaslt_emu.so" \
   -L"$out" -l:libcuda_emu.so -Wl,-rpath,'$ORIGIN' -lpthread "${ldflags[@]}" &
+pids=($!)
 for m in $mods; do
+  rm -f "$out/libemu_$m.so" # a module that fails to compile must not leave its last build behind
   g++ "${cxxflags[@]}" -Wall -Wno-unused-function -shared -x c++ "$out/src/$m.cu" -o "$out/libemu_$m.so" \
     -L"$out" -l:libcuda_emu.so -Wl,-rpath,'$ORIGIN' "${ldflags[@]}" &
+  pids+=($!)
 done
-wait
+for p in "${pids[@]}"; do wait "$p" || { echo "cuda_emu: a module failed to compile (above)" >&2; exit 1; }; done
 echo "cuda_emu: built $(echo $mods | wc -w) modules into $out"
 env=(MOEC_LIBCUDA="$out/libcuda_emu.so" MOEC_LIBCUBLASLT="$out/libcublaslt_emu.so" MOEC_ATTENTION="${MOEC_ATTENTION:-gemm}")
 if [ "${MOEC_EMU_SANITIZE:-0}" = 1 ]; then
