@@ -1950,6 +1950,12 @@ gpu_exec *gpu_exec_new(gpu_runtime *rt, const ir_graph *g, char *err, size_t err
   return x;
 }
 
+int gpu_exec_split_quantizes(const gpu_exec *x) {
+  int n = 0;
+  for (int id = 0; id < x->g->n_nodes; id++) n += x->split_q[id] >= 0;
+  return n;
+}
+
 int gpu_exec_squares(const gpu_exec *x) {
   int n = 0;
   for (int id = 0; id < x->g->n_nodes; id++) n += x->stack_of[id] >= 0 && x->rt->stacks[x->stack_of[id]].squares;
