@@ -177,20 +177,13 @@ int main(int argc, char **argv) {
      moved / time: the split backward from the stored MXFP8 gate_up, the activation quantize,
      and the gate_up weight's square quantize (E, H, 2F) transposed. Bytes an element of F:
      split 12 (dact f32 4, gate|up E4M3 2, dgate|dup bf16 4, act bf16 2), act quantize 5 (gate|up
-     bf16 4, E4M3 1); the square quantize 3 an element of the weight (bf16 in, E4M3 out); the split
-     quantizing dg|du in its pass 14 (2 more: E4M3), against the split and then the rows quantize
-     of dg|du (3 an element of (S, 2F)). */
+     bf16 4, E4M3 1); the square quantize 3 an element of the weight (bf16 in, E4M3 out) */
   const gpu_ptr MB = (gpu_ptr)1 << 20;
   for (size_t mi = 0; mi < sizeof models / sizeof models[0]; mi++) {
     int64_t F = models[mi].ffn, H = models[mi].hidden;
     gpu_ptr out = u.c, act = u.c + 2 * (gpu_ptr)(S * F) * 2, dp = act + (gpu_ptr)(S * F) * 2 + MB;
-    gpu_ptr dq = dalloc((size_t)(S * 2 * F)), dsc = dalloc((size_t)(S * 2 * F / 32));
-    for (int kn = 0; kn < 5; kn++) {
-      double bytes = kn == 0   ? (double)S * F * (4 + 2 + 2 * 2 + 2)
-                     : kn == 1 ? (double)S * F * (4 + 1)
-                     : kn == 2 ? (double)E * H * 2 * F * 3
-                     : kn == 3 ? (double)S * F * (4 + 2 + 2 * 2 + 2 + 2)
-                               : (double)S * 2 * F * 3;
+    for (int kn = 0; kn < 3; kn++) {
+      double bytes = kn == 0 ? (double)S * F * (4 + 2 + 2 * 2 + 2) : kn == 1 ? (double)S * F * (4 + 1) : (double)E * H * 2 * F * 3;
       for (int r = -1; r < reps; r++) { /* r = -1: warm-up */
         void *e0, *e1;
         gpu_event_new(G, &e0), gpu_event_new(G, &e1);
@@ -198,11 +191,8 @@ int main(int argc, char **argv) {
         int rc = kn == 0 ? rt_cuda_mlp_bwd_split_mx(KR, CG_DT_BF16, u.a, 0, 2 * F, u.b, u.b + (gpu_ptr)(S * 2 * F), 32, u.sa, out,
                                                     act, dp, S, F)
                : kn == 1 ? rt_cuda_mxfp8_quantize_act(KR, CG_DT_BF16, u.a, 2 * F, u.sa, S, F, 32, 1, u.c, u.c + 200 * MB)
-               : kn == 2 ? rt_cuda_mxfp8_quantize_tiles(KR, CG_DT_BF16, u.a, 0, E, H, 2 * F, 32, 1, u.c, u.c + 200 * MB,
-                                                        u.c + 300 * MB)
-               : kn == 3 ? rt_cuda_mlp_bwd_split_q(KR, CG_DT_BF16, u.a, 0, 2 * F, u.b, u.b + (gpu_ptr)(S * 2 * F), 32, u.sa,
-                                                   out, act, dp, S, F, dq, dsc, 32)
-                         : rt_cuda_mxfp8_quantize(KR, CG_DT_BF16, out, S, 2 * F, 32, 1, dq, dsc);
+                         : rt_cuda_mxfp8_quantize_tiles(KR, CG_DT_BF16, u.a, 0, E, H, 2 * F, 32, 1, u.c, u.c + 200 * MB,
+                                                        u.c + 300 * MB);
         if (rc) die(rt_cuda_error(KR));
         gpu_event_record(G, e1);
         float ms = 0;
@@ -210,15 +200,10 @@ int main(int argc, char **argv) {
         gpu_event_free(G, e0), gpu_event_free(G, e1);
         if (r == reps - 1) /* the last, warm */
           printf("{\"model\":\"%s\",\"kernel\":\"%s\",\"ms\":%.4f,\"GB_per_s\":%.0f}\n", models[mi].name,
-                 kn == 0   ? "mlp_bwd_split (MXFP8 gate_up)"
-                 : kn == 1 ? "mxfp8_quantize_act"
-                 : kn == 2 ? "mxfp8_quantize_tiles (E, H, 2F)^T"
-                 : kn == 3 ? "mlp_bwd_split_q (+ dg|du quantized in the pass)"
-                           : "mxfp8_quantize dg|du (S, 2F) (what split_q saves)",
+                 kn == 0 ? "mlp_bwd_split (MXFP8 gate_up)" : kn == 1 ? "mxfp8_quantize_act" : "mxfp8_quantize_tiles (E, H, 2F)^T",
                  ms, bytes / (ms * 1e6));
       }
     }
-    gpu_free(G, dq), gpu_free(G, dsc);
   }
   /* the optimizer step of a gate_up weight stack (E, H, 2F) under the weight-tile recipe: AdamW
      writing the bf16 copies then both square quantizes (the copies path, MOEC_SQUARES=0) against

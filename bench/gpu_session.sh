@@ -32,8 +32,6 @@
 #            (MOEC_GEMM_STREAMS; default 1), reusing fp8tile's peer                                  [100 s each]
 #   fp8tilecp  fp8tile with MOEC_SQUARES=0 (the expert weights kept as bf16 copies and quantized
 #            each step instead of AdamW writing their squares), reusing fp8tile's peer   [100 s]
-#   fp8tilensq  fp8tile with MOEC_SPLIT_QUANTIZE=0 (dg|du's rows quantize as its own pass, not in
-#            the split backward's), reusing fp8tile's peer                                   [100 s]
 #   fp8tilembsq  fp8tilemb with MOEC_SQUARES=1 (AdamW writing the squares with bf16 moments) [100 s]
 #   fp8tilemb, og2tilemb  fp8tile / og2tile with adamw(moments = bf16), reusing their peers [100 / 150 s]
 #   genosbf  genos_1b bf16 (the default pipeline), reusing the peer of fp8tile/fp8peer/genos [100 s]
@@ -161,9 +159,6 @@ for part in "${parts[@]}"; do
   og2tilemb)
     peer_from "$L/og2tile" "$L/$part"
     bench LOGDIR=$L/$part PEER_SKIP=1 PRECISION='mxfp8(block=128,weight_tile=128)' MOEC_ARGS="$FUSED_MX --set moments=bf16" timeout 200 bash bench/run_bench.sh og2_8x1b ;;
-  fp8tilensq)
-    peer_from "$L/fp8tile" "$L/$part"
-    bench LOGDIR=$L/$part PEER_SKIP=1 MOEC_SPLIT_QUANTIZE=0 PRECISION='mxfp8(block=128,weight_tile=128)' MOEC_ARGS=$FUSED_MX timeout 150 bash bench/run_bench.sh genos_1b ;;
   fp8tilembsq)
     peer_from "$L/fp8tile" "$L/$part"
     bench LOGDIR=$L/$part PEER_SKIP=1 MOEC_SQUARES=1 PRECISION='mxfp8(block=128,weight_tile=128)' MOEC_ARGS="$FUSED_MX --set moments=bf16" timeout 150 bash bench/run_bench.sh genos_1b ;;

@@ -256,9 +256,6 @@ struct gpu_exec {
   gpu_fp8_plan fp8;       /* which expert GEMMs run in FP8 (MOEC_FP8_GEMM=0: none) */
   gpu_wgmma *wgmma;       /* their kernel: device-driven wgmma (MOEC_FP8_GEMM=wgmma), or NULL: cuBLASLt per expert */
   uint8_t *view;          /* (n_nodes) gpu_view: a value read through its input (gpu_views.h) */
-  int *split_q;           /* (n_nodes) a split FP8 grouped_mlp_bwd's rows quantize of dg | du, packed in its
-                             pass (rt_cuda_mlp_bwd_split_q; plan_split_quantizes), -1 otherwise */
-  uint8_t *prepacked;     /* (n_nodes) 1: that quantize's packed form is written already this step */
   int *stack_of;          /* (n_nodes) a VIEW_STACKED stack's index in rt->stacks, -1 otherwise */
   gpu_comm *comm;         /* data/expert parallelism: this rank's collectives (gpu_exec_set_comm) */
   void **comm_done;       /* (n_nodes) an all_reduce's end on the communication stream (made on first use) */
@@ -1268,30 +1265,6 @@ static int packed_bufs(gx *x, int id, size_t q8, size_t s8) {
 /* The quantize behind input k of FP8 site id (input k is its dequantize). */
 #define QOF(id, k) (N(N(id)->in[k])->in[0])
 
-/* split_q: for each split FP8 grouped_mlp_bwd, the quantize of its dg | du along the rows (the
- * dgrad GEMM's operand: slice_cols from 0 -> cast -> mxfp8_quantize, FP8_ROWS, 128-shared, no
- * values), which the split kernel then writes in its own pass instead of a second pass reading
- * dg | du back (MOEC_SPLIT_QUANTIZE=0: not). */
-static void plan_split_quantizes(gx *x) {
-  const int n = x->g->n_nodes;
-  for (int id = 0; id < n; id++) x->split_q[id] = -1;
-  const char *env = getenv("MOEC_SPLIT_QUANTIZE");
-  if ((env && strcmp(env, "0") == 0) || x->keep_all) return;
-  for (int id = 0; id < n; id++) {
-    if (x->view[id] != VIEW_SPLIT || !x->fp8.site[id]) continue;
-    for (int s = id + 1; s < n; s++) {
-      if (!N(s)->n_in || N(s)->in[0] != id || N(s)->op != OP_SLICE_COLS || ir_get_int(N(s), "start", 0) != 0) continue;
-      for (int c = s + 1; c < n; c++) {
-        if (!N(c)->n_in || N(c)->in[0] != s || N(c)->op != OP_CAST) continue;
-        for (int q = c + 1; q < n; q++)
-          if (N(q)->op == OP_MXFP8_QUANTIZE && N(q)->n_in == 1 && N(q)->in[0] == c && x->fp8.kind[q] == FP8_ROWS &&
-              !x->fp8.values[q] && ir_get_int(N(q), "share128", 0) == 1)
-            x->split_q[id] = q;
-      }
-    }
-  }
-}
-
 /* Writes quantize id's packed form (its plan kind) into val[id].q8 / .s8. */
 static int fp8_pack(gx *x, int id) {
   const ir_node *n = N(id);
@@ -1318,10 +1291,6 @@ static int fp8_pack(gx *x, int id) {
   }
   if (kind == FP8_ROWS) { /* (S, K): E4M3 as is, E8M0 codes; the reader lays the scales out per expert */
     int64_t S = a->rows, K = COLS(id);
-    if (x->prepacked[id]) { /* written by the split backward before it (plan_split_quantizes) */
-      x->prepacked[id] = 0;
-      return 0;
-    }
     if (packed_bufs(x, id, (size_t)((S + 16) * K), (size_t)(S * K / block))) return -1; /* 16 rows of slack (gpu_fp8.h) */
     return ck(x, id, rt_cuda_mxfp8_quantize_win(KX, t, src, ldx, sx, rb, S, K, block, 1, v->q8, v->s8));
   }
@@ -1588,19 +1557,10 @@ static int exec_GROUPED_MLP_BWD(gx *x, int id) {
     const gpu_ptr out = x->val[id].p;
     /* a decoded gate_up (VIEW_DECODE): the stored quantize's E4M3 values and E8M0 codes */
     const int q = x->view[gu] == VIEW_DECODE && !gup ? N(gu)->in[0] : -1;
-    /* the dgrad operand's rows quantize of dg | du, in the same pass where the kernel can */
-    const int rq = split ? x->split_q[id] : -1;
-    const int64_t qblock = rq >= 0 ? ir_get_int(N(rq), "block", 32) : 0;
-    const gpu_ptr gqp = q >= 0 ? x->val[q].q8 : 0, act = out + gpu_split_offset(S, F, 2 * F);
-    const int fuse = rq >= 0 && rt_cuda_mlp_bwd_split_quantizes(DT(x, gu), dact, gup, ldg, gqp, out, act, F, qblock);
-    if (rc == 0 && fuse && packed_bufs(x, rq, (size_t)((S + 16) * 2 * F), (size_t)(S * 2 * F / qblock))) rc = -1;
-    if (rc == 0 && split) {
-      rc = ck(x, id, rt_cuda_mlp_bwd_split_q(KX, DT(x, gu), dact, gup, ldg, gqp, q >= 0 ? x->val[q].s8 : 0,
-                                             q >= 0 ? ir_get_int(N(q), "block", 32) : 0, V(id, 4)->p, out, act,
-                                             out + gpu_split_offset(S, F, 3 * F), S, F, fuse ? x->val[rq].q8 : 0,
-                                             fuse ? x->val[rq].s8 : 0, qblock));
-      if (rc == 0 && fuse) x->prepacked[rq] = 1;
-    }
+    if (rc == 0 && split)
+      rc = ck(x, id, rt_cuda_mlp_bwd_split_mx(KX, DT(x, gu), dact, gup, ldg, q >= 0 ? x->val[q].q8 : 0, q >= 0 ? x->val[q].s8 : 0,
+                                              q >= 0 ? ir_get_int(N(q), "block", 32) : 0, V(id, 4)->p, out,
+                                              out + gpu_split_offset(S, F, 2 * F), out + gpu_split_offset(S, F, 3 * F), S, F));
     else if (rc == 0 && q >= 0)
       rc = fail(x, id, "internal error: a decoded gate_up off the split path");
     else if (rc == 0)
@@ -1928,16 +1888,14 @@ gpu_exec *gpu_exec_new(gpu_runtime *rt, const ir_graph *g, char *err, size_t err
   x->cpin = calloc(n, sizeof *x->cpin), x->cev = calloc(n, sizeof *x->cev), x->cpending = calloc(n, 1);
   x->ep_all = calloc(n, sizeof *x->ep_all);
   x->view = calloc(n, 1);
-  x->split_q = malloc(n * sizeof *x->split_q), x->prepacked = calloc(n, 1);
   x->stack_of = malloc(n * sizeof *x->stack_of);
   x->comm_done = calloc(n, sizeof *x->comm_done), x->comm_pending = calloc(n, 1);
-  if (!x->hcounts || !x->cpin || !x->cev || !x->cpending || !x->ep_all || !x->view || !x->split_q || !x->prepacked || !x->stack_of || !x->comm_done || !x->comm_pending) {
+  if (!x->hcounts || !x->cpin || !x->cev || !x->cpending || !x->ep_all || !x->view || !x->stack_of || !x->comm_done || !x->comm_pending) {
     snprintf(err, errlen, "out of host memory");
     gpu_exec_free(x);
     return NULL;
   }
   gpu_views_plan(g, &x->fp8, !x->grouped_device, x->last_use, x->view);
-  plan_split_quantizes(x);
   if (plan_stacks(x, err, errlen) != 0) {
     gpu_exec_free(x);
     return NULL;
@@ -1948,12 +1906,6 @@ gpu_exec *gpu_exec_new(gpu_runtime *rt, const ir_graph *g, char *err, size_t err
     return NULL;
   }
   return x;
-}
-
-int gpu_exec_split_quantizes(const gpu_exec *x) {
-  int n = 0;
-  for (int id = 0; id < x->g->n_nodes; id++) n += x->split_q[id] >= 0;
-  return n;
 }
 
 int gpu_exec_squares(const gpu_exec *x) {
@@ -2041,7 +1993,6 @@ void gpu_exec_free(gpu_exec *x) {
   free(x->comm_done), free(x->comm_pending);
   free(x->ep_all);
   free(x->view);
-  free(x->split_q), free(x->prepacked);
   free(x->stack_of);
   gpu_free(x->rt->g, x->tokens);
   gpu_free(x->rt->g, x->labels);
@@ -2079,7 +2030,6 @@ int gpu_exec_run(gpu_exec *x, const int32_t *tokens, const int32_t *labels, int6
   x->gnorm = 0;
   gpu_attention_new_run(x->rt->attn);
   for (int i = 0; i < g->n_nodes; i++) release(x, &x->val[i]);
-  memset(x->prepacked, 0, (size_t)g->n_nodes); /* a failed run's flags name buffers just released */
   routes_release(x);
   hcounts_release(x);
   if (gpu_upload(x->rt->g, x->tokens, tokens, (size_t)x->T * 4) || gpu_upload(x->rt->g, x->labels, labels, (size_t)x->T * 4)) {

@@ -247,15 +247,6 @@ int rt_cuda_mlp_bwd_split(rt_cuda *k, cg_dtype tgu, gpu_ptr dact, gpu_ptr gate_u
  * each value decoded and rounded to tgu as rt_cuda_mxfp8_dequantize would write it. */
 int rt_cuda_mlp_bwd_split_mx(rt_cuda *k, cg_dtype tgu, gpu_ptr dact, gpu_ptr gate_up, int64_t ldg, gpu_ptr gq, gpu_ptr gsc,
                              int64_t gblock, gpu_ptr probs, gpu_ptr dgu, gpu_ptr act, gpu_ptr dp, int64_t S, int64_t F);
-/* The same, dq != 0: dg | du also quantized as rt_cuda_mxfp8_quantize(dgu, S, 2F, qblock,
- * share128 = 1) would quantize the bf16 values written, into E4M3 dq (S, 2F) and E8M0 codes dsc
- * (S, 2F / qblock), in the same pass; only where rt_cuda_mlp_bwd_split_quantizes (F % 128 == 0,
- * 8 | qblock | 128, the rows 16-byte aligned), else an error. */
-int rt_cuda_mlp_bwd_split_q(rt_cuda *k, cg_dtype tgu, gpu_ptr dact, gpu_ptr gate_up, int64_t ldg, gpu_ptr gq, gpu_ptr gsc,
-                            int64_t gblock, gpu_ptr probs, gpu_ptr dgu, gpu_ptr act, gpu_ptr dp, int64_t S, int64_t F,
-                            gpu_ptr dq, gpu_ptr dsc, int64_t qblock);
-int rt_cuda_mlp_bwd_split_quantizes(cg_dtype tgu, gpu_ptr dact, gpu_ptr gate_up, int64_t ldg, gpu_ptr gq, gpu_ptr dgu,
-                                    gpu_ptr act, int64_t F, int64_t qblock);
 
 /* ---- MXFP8 ---- */
 int rt_cuda_mxfp8_quantize(rt_cuda *k, cg_dtype t, gpu_ptr x /* (rows, cols) */, int64_t rows, int64_t cols,

@@ -186,25 +186,6 @@ int rt_cuda_mlp_bwd_split(rt_cuda *k, cg_dtype tgu, gpu_ptr dact, gpu_ptr gate_u
 
 int rt_cuda_mlp_bwd_split_mx(rt_cuda *k, cg_dtype tgu, gpu_ptr dact, gpu_ptr gate_up, int64_t ldg, gpu_ptr gq, gpu_ptr gsc,
                              int64_t gblock, gpu_ptr probs_, gpu_ptr dgu, gpu_ptr act, gpu_ptr dp, int64_t S, int64_t F) {
-  return rt_cuda_mlp_bwd_split_q(k, tgu, dact, gate_up, ldg, gq, gsc, gblock, probs_, dgu, act, dp, S, F, 0, 0, 0);
-}
-
-static int aligned16(gpu_ptr p) { return p % 16 == 0; }
-
-int rt_cuda_mlp_bwd_split_quantizes(cg_dtype tgu, gpu_ptr dact, gpu_ptr gate_up, int64_t ldg, gpu_ptr gq, gpu_ptr dgu,
-                                    gpu_ptr act, int64_t F, int64_t qblock) {
-  /* the kernel's vector path for every row (its `vec`), and whole groups of 128 in each half */
-  const int64_t es = tgu == CG_DT_F32 ? 4 : 2;
-  return F % 128 == 0 && qblock >= 8 && qblock % 8 == 0 && 128 % qblock == 0 && aligned16(dact) && aligned16(dgu) &&
-         aligned16(act) && (gq || (aligned16(gate_up) && (ldg * es) % 16 == 0 && (F * es) % 16 == 0));
-}
-
-int rt_cuda_mlp_bwd_split_q(rt_cuda *k, cg_dtype tgu, gpu_ptr dact, gpu_ptr gate_up, int64_t ldg, gpu_ptr gq, gpu_ptr gsc,
-                            int64_t gblock, gpu_ptr probs_, gpu_ptr dgu, gpu_ptr act, gpu_ptr dp, int64_t S, int64_t F,
-                            gpu_ptr dq, gpu_ptr dsc, int64_t qblock) {
-  if (dq && !rt_cuda_mlp_bwd_split_quantizes(tgu, dact, gate_up, ldg, gq, dgu, act, F, qblock))
-    return rtk_fail(k, "mlp_bwd_split: cannot quantize dg | du in the pass (F = %lld, codes every %lld, or a row not 16-byte "
-                    "aligned) (%s)", (long long)F, (long long)qblock, ck_strerror(CK_ESHAPE));
   if (!gq && ldg < 2 * F)
     return rtk_fail(k, "mlp_bwd_split: gate_up rows %lld apart, narrower than 2F = %lld (%s)", (long long)ldg, (long long)(2 * F),
                     ck_strerror(CK_ESHAPE));
@@ -215,7 +196,7 @@ int rt_cuda_mlp_bwd_split_q(rt_cuda *k, cg_dtype tgu, gpu_ptr dact, gpu_ptr gate
   KN("mlp_bwd_split", 1, tgu);
   const uint64_t rows_a_block = CG_NT_ROW / 32; /* a warp a row */
   return rtk_launch(k, FAM, NULL, name, ((uint64_t)S + rows_a_block - 1) / rows_a_block, 1, CG_NT_ROW,
-                    ARGS(&dact, &gate_up, &ldg, &probs_, &dgu, &act, &dp, &S, &F, &gq, &gsc, &gblock, &dq, &dsc, &qblock));
+                    ARGS(&dact, &gate_up, &ldg, &probs_, &dgu, &act, &dp, &S, &F, &gq, &gsc, &gblock));
 }
 
 int rt_cuda_grouped_mlp_bwd(rt_cuda *k, cg_dtype tdy, cg_dtype tgu, cg_dtype tw, cg_dtype to, gpu_ptr dy, gpu_ptr gate_up,

@@ -255,56 +255,6 @@ static void test_mlp_bwd_split_mx(cg_dtype t) {
   dfree_all();
 }
 
-/* mlp_bwd_split quantizing dg | du in its pass (rt_cuda_mlp_bwd_split_q, the dgrad GEMM's
- * operand) must write, byte for byte, what rt_cuda_mxfp8_quantize (128-shared blocks of 32)
- * writes from the split's own bf16 dg | du, and those bf16 pieces unchanged. F = 128 and 384
- * leave half the warp idle on the last trip (in the shuffles only), 256 none; gate_up as a
- * window of wider rows, and (mx) decoded from its MXFP8 form; a NaN checks the NaN group. */
-static void test_mlp_bwd_split_q(cg_dtype t, int64_t F, int mx) {
-  const int64_t ldg = 2 * F + 16, n = S * 2 * F;
-  float *gu = rnd(S * ldg, -2, 2, t), *dact = rnd(S * F, -1, 1, CG_DT_F32), *p = rnd(S, 0.1f, 1, CG_DT_F32);
-  gu[7 * ldg + 8 + 3] = NAN; /* row 7's dg and du (the window starts at 8) */
-  gpu_ptr dgu = up_f(gu, S * ldg, t), dd = up_f(dact, S * F, CG_DT_F32), dp = up_f(p, S, CG_DT_F32);
-  const size_t split_bytes = (size_t)(S * 3 * F) * 2 + (size_t)S * 4;
-  gpu_ptr s1 = dmalloc(split_bytes), s2 = dmalloc(split_bytes), q1 = dmalloc((size_t)n), q2 = dmalloc((size_t)n),
-          c1 = dmalloc((size_t)n / 32), c2 = dmalloc((size_t)n / 32);
-  gpu_ptr window = dgu + (gpu_ptr)(8 * dts(t)), gq = 0, gsc = 0;
-  if (mx) { /* the window's values, stored as MXFP8 (S, 2F) */
-    gpu_ptr dense = dmalloc((size_t)n * dts(t));
-    gq = dmalloc((size_t)n), gsc = dmalloc((size_t)n / 32);
-    RUN(rt_cuda_copy_cols(K, t, t, dgu, ldg, 8, dense, 2 * F, 0, S, 2 * F));
-    RUN(rt_cuda_mxfp8_quantize(K, t, dense, S, 2 * F, 32, 1, gq, gsc));
-  }
-  const gpu_ptr a1 = s1 + (gpu_ptr)(n * 2), p1 = s1 + (gpu_ptr)(S * 3 * F * 2);
-  const gpu_ptr a2 = s2 + (gpu_ptr)(n * 2), p2 = s2 + (gpu_ptr)(S * 3 * F * 2);
-  RUN(rt_cuda_mlp_bwd_split_q(K, t, dd, window, ldg, gq, gsc, 32, dp, s1, a1, p1, S, F, 0, 0, 0));
-  RUN(rt_cuda_mxfp8_quantize(K, CG_DT_BF16, s1, S, 2 * F, 32, 1, q1, c1));
-  RUN(rt_cuda_mlp_bwd_split_q(K, t, dd, window, ldg, gq, gsc, 32, dp, s2, a2, p2, S, F, q2, c2, 32));
-  uint8_t *h1 = malloc(split_bytes), *h2 = malloc(split_bytes);
-  download(h1, s1, split_bytes);
-  download(h2, s2, split_bytes);
-  CHECK(memcmp(h1, h2, split_bytes) == 0, "mlp_bwd_split_q [%s, F %lld%s]: dg | du, act or dp differ from the plain split",
-        cg_dtype_name(t), (long long)F, mx ? ", MXFP8 gate_up" : "");
-  download(h1, q1, (size_t)n);
-  download(h2, q2, (size_t)n);
-  CHECK(memcmp(h1, h2, (size_t)n) == 0, "mlp_bwd_split_q [%s, F %lld%s]: E4M3 bytes differ from mxfp8_quantize's",
-        cg_dtype_name(t), (long long)F, mx ? ", MXFP8 gate_up" : "");
-  download(h1, c1, (size_t)n / 32);
-  download(h2, c2, (size_t)n / 32);
-  CHECK(memcmp(h1, h2, (size_t)n / 32) == 0, "mlp_bwd_split_q [%s, F %lld%s]: E8M0 codes differ from mxfp8_quantize's",
-        cg_dtype_name(t), (long long)F, mx ? ", MXFP8 gate_up" : "");
-  int nan_group = 0;
-  for (int64_t j = 0; j < 2 * F / 32; j++) nan_group |= h2[7 * (2 * F / 32) + j] == 0xFF;
-  CHECK(nan_group, "mlp_bwd_split_q [%s, F %lld]: row 7's NaN left no NaN code", cg_dtype_name(t), (long long)F);
-  CHECK(rt_cuda_mlp_bwd_split_q(K, t, dd, window, ldg, gq, gsc, 32, dp, s2, a2, p2, S, F, q2, c2, 48) != 0,
-        "mlp_bwd_split_q accepted codes every 48");
-  printf("  mlp_bwd_split_q [%s, F %lld%s] %*s %lld values, bit-exact (bf16 pieces, E4M3, codes)\n", cg_dtype_name(t),
-         (long long)F, mx ? ", MXFP8 gate_up" : "", mx ? 0 : 16, "", (long long)n);
-  expect_flag("mlp_bwd_split_q", CK_OK);
-  free(gu), free(dact), free(p), free(h1), free(h2);
-  dfree_all();
-}
-
 /* The activation quantized in one pass (grouped_mlp's FP8 path) must be, byte for byte, the
  * activation stored (mlp_act) and then quantized (mxfp8_quantize, 128-shared blocks of 32), on
  * gate_up read as a window of a wider row; a NaN checks the NaN group. */
@@ -356,7 +306,6 @@ int main(void) {
     test_mlp_bwd_split((cg_dtype)t, F);
     test_mlp_bwd_split((cg_dtype)t, 2056);
     test_mlp_bwd_split_mx((cg_dtype)t);
-    for (int64_t f = 128; f <= 384; f += 128) test_mlp_bwd_split_q((cg_dtype)t, f, f == 128);
     test_quantize_act((cg_dtype)t);
   }
   rt_cuda_free(K);
