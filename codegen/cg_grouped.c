@@ -5,6 +5,8 @@
  * reads the per-expert counts on the device: grids are sized by static upper bounds, so the
  * host never waits. The GEMMs are simple tiled kernels (GT x GT tiles through shared memory,
  * fp32 accumulation, one output per thread): correct first, the wgmma version comes later. */
+#include <stdlib.h>
+
 #include "cg_family.h"
 
 static const char *const src =
@@ -355,6 +357,17 @@ static const char *const src =
     "  constexpr int MB_U = 1;\n"
     "  const i64 n8 = vec ? F / 8 * 8 : 0, stride = 32 * 8;\n"
     "  for (i64 c = (i64)lane * 8; c < n8; c += stride * MB_U) {\n"
+    "    if (SPLIT_PF && c + SPLIT_PF * stride < n8) { // a later chunk's lines on their way to L2\n"
+    "      const i64 cp = c + SPLIT_PF * stride;\n"
+    "      prefetch_l2(d0 + cp);\n"
+    "      if (gq) {\n"
+    "        prefetch_l2(gq + r * 2 * F + cp);\n"
+    "        prefetch_l2(gq + r * 2 * F + F + cp);\n"
+    "      } else {\n"
+    "        prefetch_l2(g0 + cp);\n"
+    "        prefetch_l2(u0 + cp);\n"
+    "      }\n"
+    "    }\n"
     "    float g[MB_U][8], u[MB_U][8], d[MB_U][8];\n"
     "#pragma unroll\n"
     "    for (int k = 0; k < MB_U; k++)\n"
@@ -377,7 +390,8 @@ static const char *const ctypes[] = {"float", "bf16"};
 
 void cg_emit_grouped(cg_buf *b, const cg_variant *v, int emu) {
   (void)v;
-  cg_printf(b, "enum { GT = %d };\n", CG_GT);
+  const char *pf = getenv("MOEC_SPLIT_PF"); /* an experiment's knob: chunks prefetched ahead */
+  cg_printf(b, "enum { GT = %d };\nconstexpr int SPLIT_PF = %d;\n", CG_GT, pf ? atoi(pf) : 2);
   cg_puts(b, src);
   const char *kv[13];
   cg_dtype_kv(kv, CG_DT_F32, CG_DT_F32);
