@@ -32,9 +32,7 @@
 #            (MOEC_GEMM_STREAMS; default 1), reusing fp8tile's peer                                  [100 s each]
 #   fp8tilecp  fp8tile with MOEC_SQUARES=0 (the expert weights kept as bf16 copies and quantized
 #            each step instead of AdamW writing their squares), reusing fp8tile's peer   [100 s]
-#   fp8tilepf0  fp8tile with no L2 prefetch in the squares AdamW and the split backward
-#            (MOEC_SQ_PF=0 MOEC_SPLIT_PF=0), reusing fp8tile's peer                           [100 s]
-#   fp8tilembsq  fp8tilemb with MOEC_SQUARES=1 (AdamW writing the squares with bf16 moments) [100 s]
+#   fp8tilembcp  fp8tilemb with MOEC_SQUARES=0 (bf16 moments, the copies quantized each step) [100 s]
 #   fp8tilemb, og2tilemb  fp8tile / og2tile with adamw(moments = bf16), reusing their peers [100 / 150 s]
 #   genosbf  genos_1b bf16 (the default pipeline), reusing the peer of fp8tile/fp8peer/genos [100 s]
 #   og2bf    og2_8x1b bf16, reusing the peer of og2tile/og2fp8/og2                 [150 s]
@@ -44,7 +42,6 @@
 #   stack    genos_1b mxfp8(block=128) fused, weights kept stacked and MOEC_STACK_VIEWS=0 (stacks
 #            copied, gradients unstacked), side by side (reuses the peer of genos or fp8prof) [250 s]
 #   ncuadamw the same sections for adamw_squares (f32 and bf16 moments) in bench_grouped_gemm [150 s]
-#   pfbench  the squares AdamW and split backward kernels with 0, 1, 2, 4 chunks prefetched ahead [40 s]
 #   kbench   bench_grouped_gemm's memory-bound kernel and quantize lines alone (3 repetitions)   [60 s]
 #   ggemm    bench/grouped_gemm.sh: expert GEMMs bf16 / fp8 vs torch._grouped_mm [150 s]
 #   wgmma    test_gpu_wgmma (the device-driven FP8 grouped GEMM against the CPU), then the
@@ -162,12 +159,9 @@ for part in "${parts[@]}"; do
   og2tilemb)
     peer_from "$L/og2tile" "$L/$part"
     bench LOGDIR=$L/$part PEER_SKIP=1 PRECISION='mxfp8(block=128,weight_tile=128)' MOEC_ARGS="$FUSED_MX --set moments=bf16" timeout 200 bash bench/run_bench.sh og2_8x1b ;;
-  fp8tilepf0)
+  fp8tilembcp)
     peer_from "$L/fp8tile" "$L/$part"
-    bench LOGDIR=$L/$part PEER_SKIP=1 MOEC_SQ_PF=0 MOEC_SPLIT_PF=0 PRECISION='mxfp8(block=128,weight_tile=128)' MOEC_ARGS=$FUSED_MX timeout 150 bash bench/run_bench.sh genos_1b ;;
-  fp8tilembsq)
-    peer_from "$L/fp8tile" "$L/$part"
-    bench LOGDIR=$L/$part PEER_SKIP=1 MOEC_SQUARES=1 PRECISION='mxfp8(block=128,weight_tile=128)' MOEC_ARGS="$FUSED_MX --set moments=bf16" timeout 150 bash bench/run_bench.sh genos_1b ;;
+    bench LOGDIR=$L/$part PEER_SKIP=1 MOEC_SQUARES=0 PRECISION='mxfp8(block=128,weight_tile=128)' MOEC_ARGS="$FUSED_MX --set moments=bf16" timeout 150 bash bench/run_bench.sh genos_1b ;;
   fp8tilecp)
     peer_from "$L/fp8tile" "$L/$part"
     bench LOGDIR=$L/$part PEER_SKIP=1 MOEC_SQUARES=0 PRECISION='mxfp8(block=128,weight_tile=128)' MOEC_ARGS=$FUSED_MX timeout 150 bash bench/run_bench.sh genos_1b ;;
@@ -223,11 +217,6 @@ for part in "${parts[@]}"; do
       --section MemoryWorkloadAnalysis --section Occupancy --section WarpStateStats --section LaunchStats \
       --section SourceCounters "$C/bench_grouped_gemm" 1 >"$L/ncuadamw.txt" 2>&1; echo "ncu rc $?"
     grep -E "^  moec_|Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Theoretical Occupancy|Registers Per|Warp Cycles Per Issued|Block Limit Reg|Stall|stall|Local" "$L/ncuadamw.txt" | head -120 ;;
-  pfbench)
-    for pf in 0 1 2 4; do
-      echo "-- L2 prefetch $pf chunks ahead (MOEC_SQ_PF, MOEC_SPLIT_PF)"
-      MOEC_SQ_PF=$pf MOEC_SPLIT_PF=$pf timeout 60 "$C/bench_grouped_gemm" 3 2>&1 | grep 'mlp_bwd_split\|adamw_squares'
-    done ;;
   kbench)
     timeout 60 "$C/bench_grouped_gemm" 3 2>&1 | grep '"kernel"\|"quantize"' ;;
   ggemm)

@@ -1657,15 +1657,14 @@ void gpu_exec_set_comm(gpu_exec *x, gpu_comm *c) { x->comm = c; }
 
 /* Whether stack id (VIEW_STACKED) can be kept as squares (dev_stack.squares): the weight-tile
  * recipe on cuBLASLt, every reader a weight quantize in squares that writes its packed form
- * only, whole squares in every part, f32 moments. MOEC_SQUARES=0 keeps bf16 copies (for
- * side-by-side timing), =1 keeps squares with bf16 moments too. With bf16 moments the copies
- * win: on the H200 the squares kernel (latency-bound, one chunk in flight a thread) ran a
- * genos_1b gate_up stack in 0.69 ms, AdamW alone 0.31 and the two square quantizes 0.15. */
+ * only, whole squares in every part. MOEC_SQUARES=0 keeps bf16 copies (for side-by-side
+ * timing). On the H200 a genos_1b gate_up stack's step: squares 0.54 ms against 0.62 for
+ * AdamW + copies + the two quantizes (f32 moments); 0.44 against 0.46 (bf16 moments). */
 static int squares_ok(gx *x, int id) {
   const char *env = getenv("MOEC_SQUARES");
   const ir_node *st = N(id);
   const int64_t E = st->type.dims[0];
-  if ((env && strcmp(env, "0") == 0) || (x->rt->ps->moments_bf16 && !(env && strcmp(env, "1") == 0)) || x->wgmma ||
+  if ((env && strcmp(env, "0") == 0) || x->wgmma ||
       st->type.dims[1] % 128 || st->n_in % E)
     return 0;
   for (int j = 0; j < st->n_in; j += (int)E)

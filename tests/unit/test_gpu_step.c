@@ -59,12 +59,10 @@ static int compare(const char *path, const moec_set *sets, int n_sets, int fused
     failed++;
     fprintf(stderr, "%s: mxfp8(block = 128) on %s, yet no grouped GEMM runs in FP8\n", path, gpu_runtime_device(rt));
   }
-  /* the weight-tile recipe with FP8 GEMMs keeps the expert weights as squares AdamW writes
-     (with f32 moments, or MOEC_SQUARES=1) */
+  /* the weight-tile recipe with FP8 GEMMs keeps the expert weights as squares AdamW writes */
   const char *sq_env = getenv("MOEC_SQUARES");
   int squares = gpu_exec_squares(gx);
-  const int want_squares = fp8_sites && g->cfg.mx_weight_tile && !(sq_env && strcmp(sq_env, "0") == 0) &&
-                           (!g->cfg.moments_bf16 || (sq_env && strcmp(sq_env, "1") == 0));
+  const int want_squares = fp8_sites && g->cfg.mx_weight_tile && !(sq_env && strcmp(sq_env, "0") == 0);
   if (want_squares && squares == 0) {
     failed++;
     fprintf(stderr, "%s: the weight-tile recipe with FP8 GEMMs, yet no expert weight is kept as squares\n", path);
@@ -210,9 +208,9 @@ int main(void) {
   for (int fused = 0; fused <= 1; fused++)
     failed += compare("models/tiny.moe", tiny32, 3, fused, 1e-4, 1e-3) + compare("models/tiny.moe", gqa, 7, fused, 1e-4, 1e-3) +
               compare("models/tiny.moe", tiny16, 3, fused, 1e-2, 1e-1) + compare("models/l0_sanity.moe", l0, 4, fused, 1e-2, 1e-1);
-  /* squares with bf16 moments (not the default: slower than the copies on the H200) */
-  setenv("MOEC_SQUARES", "1", 1);
-  printf("with MOEC_SQUARES=1:\n");
+  /* bf16 moments with the bf16 copies instead of squares (both AdamW kernels' moment types) */
+  setenv("MOEC_SQUARES", "0", 1);
+  printf("with MOEC_SQUARES=0:\n");
   failed += compare("models/tiny.moe", tiny8tm, 4, 2, 1e-2, 1e-1);
   unsetenv("MOEC_SQUARES");
   /* the disjoint expert GEMMs (FP8 weight gradients, bf16 fused experts) on two lanes
