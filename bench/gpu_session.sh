@@ -84,6 +84,18 @@ FUSED=--passes=lower,group-linear,grouped-mlp,autodiff,fold-grad-cast,dce
 FUSED_MX=--passes=lower,group-linear,grouped-mlp,autodiff,fold-grad-cast,mxfp8,dce
 bench() { env MOEC=$C/moec PEER=$C/hf_mixtral_bench.py STEPS=${STEPS:-8} "$@"; }
 peer_from() { mkdir -p "$2" && cp "$1"/peer_*.out "$2"/ 2>/dev/null; }
+# ncu's sections for the first COUNT launches of kernels matching REGEX in bench_grouped_gemm,
+# the headline lines printed, the whole report in $L/$part.txt: ncu_sections LIMIT REGEX COUNT
+ncu_sections() {
+  local ncu
+  ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  timeout "$1" "$ncu" --clock-control none -k regex:"$2" -c "$3" --section SpeedOfLight --section MemoryWorkloadAnalysis \
+    --section Occupancy --section WarpStateStats --section LaunchStats --section SourceCounters \
+    "$C/bench_grouped_gemm" 1 >"$L/$part.txt" 2>&1
+  echo "ncu rc $?"
+  grep -E "^  moec_|Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Theoretical Occupancy|Registers Per|Warp Cycles Per Issued|Block Limit Reg|Stall|stall|Local" \
+    "$L/$part.txt" | head -120
+}
 parts=("$@")
 [ ${#parts[@]} -gt 0 ] || parts=(kernels step genos)
 for part in "${parts[@]}"; do
@@ -205,18 +217,8 @@ for part in "${parts[@]}"; do
     step_ms=$(grep '"step":4,' "$L/$part.jsonl" | sed 's/.*"tokens_per_s":\([0-9.]*\).*/\1/' | awk '{printf "%.2f", 8192000 / $1}')
     echo "$prec: step 4 (unprofiled, ncu attached) $step_ms ms"
     python3 bench/ncu_sum.py "$L/$part.csv" $step_ms ;;
-  ncukern)
-    NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
-    timeout 120 "$NCU" --clock-control none -k regex:'mlp_bwd_split|mxfp8_quantize_act' -c 8 --section SpeedOfLight \
-      --section MemoryWorkloadAnalysis --section Occupancy --section WarpStateStats --section LaunchStats \
-      --section SourceCounters "$C/bench_grouped_gemm" 1 >"$L/ncukern.txt" 2>&1; echo "ncu rc $?"
-    grep -E "^  moec_|Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Theoretical Occupancy|Registers Per|Warp Cycles Per Issued|Block Limit Reg|Stall|stall" "$L/ncukern.txt" | head -120 ;;
-  ncuadamw)
-    NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
-    timeout 150 "$NCU" --clock-control none -k regex:'adamw_squares' -c 4 --section SpeedOfLight \
-      --section MemoryWorkloadAnalysis --section Occupancy --section WarpStateStats --section LaunchStats \
-      --section SourceCounters "$C/bench_grouped_gemm" 1 >"$L/ncuadamw.txt" 2>&1; echo "ncu rc $?"
-    grep -E "^  moec_|Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Theoretical Occupancy|Registers Per|Warp Cycles Per Issued|Block Limit Reg|Stall|stall|Local" "$L/ncuadamw.txt" | head -120 ;;
+  ncukern) ncu_sections 120 'mlp_bwd_split|mxfp8_quantize_act' 8 ;;
+  ncuadamw) ncu_sections 150 'adamw_squares' 4 ;;
   kbench)
     timeout 60 "$C/bench_grouped_gemm" 3 2>&1 | grep '"kernel"\|"quantize"' ;;
   ggemm)

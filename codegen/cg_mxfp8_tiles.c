@@ -100,7 +100,7 @@ static const char *const src =
     "  }\n"
     "}\n"
     "\n"
-    "// AdamW over one stack of expert weights (E, A, B) that lives as squares only (gpu_exec.c,\n"
+    "// AdamW over one stack of expert weights (E, A, B) that lives as squares only (gpu_exec_stacks.c,\n"
     "// \"squares\"): each block updates a square's weights and moments and, from the updated weights\n"
     "// still in registers, rounded to bf16, writes the square both ways: q (E, A, B) as the stack,\n"
     "// qt (E, B, A) transposed, and its scale into blk and blkt as mxfp8_quantize_tiles writes them\n"

@@ -275,7 +275,7 @@ int rt_cuda_mxfp8_quantize_tiles(rt_cuda *k, cg_dtype t, gpu_ptr x, int round_bf
                                  int64_t block, int transpose, gpu_ptr q, gpu_ptr codes, gpu_ptr blk);
 /* Floats of one expert's square scales for a (N, K) matrix: N / 128 rows of ldk. */
 int64_t rt_cuda_tile_blk_floats(int64_t N, int64_t K);
-/* AdamW over a stack of expert weights (E, A, B) kept as squares (gpu_exec.c): one
+/* AdamW over a stack of expert weights (E, A, B) kept as squares (gpu_exec_stacks.c): one
  * rt_cuda_adamw_multi step of each parameter (decay wd for all), and from the updated weights,
  * rounded to bf16, the squares of both rt_cuda_mxfp8_quantize_tiles orientations: q and blk as
  * with transpose 0, qt and blkt as with transpose 1 (no codes). tab: parts E device entries
