@@ -7,7 +7,7 @@
 #            test_gpu_fused, where the carry has them                            [270 s]
 #   step     test_gpu_step: tiny and l0_sanity, 20 steps against the CPU        [300 s]
 #   steptiny test_gpu_step on tiny only (MOEC_GPU_STEP_ONLY=tiny; 120 s with warm NVRTC caches) [180 s]
-#   steptinywg  the same with the FP8 expert GEMMs on the wgmma kernel (MOEC_FP8_GEMM=wgmma) [120 s]
+#   steptinywg  the same with the FP8 expert GEMMs on the wgmma kernel (MOEC_FP8_GEMM=wgmma) [180 s]
 #   parallel test_gpu_parallel: dp=2, ep=2, ep=2 x dp=2 vs one rank (host-staged; NCCL with 2+ GPUs) [300 s]
 #   cudnn    test_gpu_attention --cudnn: cuDNN's fused attention against the CPU, timed against
 #            flash (needs test_gpu_attention in the carry); on a failure again with MOEC_CUDNN_DEBUG=1 [150 s]
@@ -41,7 +41,7 @@
 #            fp8peer did not) [150 s]
 #   stack    genos_1b mxfp8(block=128) fused, weights kept stacked and MOEC_STACK_VIEWS=0 (stacks
 #            copied, gradients unstacked), side by side (reuses the peer of genos or fp8prof) [250 s]
-#   ncuadamw the same sections for adamw_squares (f32 and bf16 moments) in bench_grouped_gemm [150 s]
+#   ncuadamw ncukern's sections (below) for adamw_squares (f32 and bf16 moments) in bench_grouped_gemm [150 s]
 #   kbench   bench_grouped_gemm's memory-bound kernel and quantize lines alone (3 repetitions)   [60 s]
 #   ggemm    bench/grouped_gemm.sh: expert GEMMs bf16 / fp8 vs torch._grouped_mm [150 s]
 #   wgmma    test_gpu_wgmma (the device-driven FP8 grouped GEMM against the CPU), then the

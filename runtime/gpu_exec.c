@@ -21,7 +21,6 @@ static int pool_alloc(void *ctx, size_t bytes, uint64_t *p) { return gpu_alloc(c
 static void pool_release(void *ctx, uint64_t p) { gpu_free(ctx, p); }
 static void pool_idle(void *ctx, ptrdiff_t delta) { gpu_note_idle(ctx, delta); }
 
-
 gpu_runtime *gpu_runtime_new(rt_params *ps, const char *dump_dir, char *err, size_t errlen) {
   return gpu_runtime_new_on(ps, 0, dump_dir, err, errlen);
 }

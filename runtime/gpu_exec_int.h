@@ -23,7 +23,7 @@
 #include "gpu_views.h"
 #include "gpu_wgmma.h"
 
-/* ---------------------------------------------------------------- the runtime */
+/* ---- the runtime's state ---- */
 typedef struct {
   gpu_ptr w, m, v; /* (numel) f32 master weight and AdamW moments */
   /* (numel) bf16 compute copy, kept between steps for the graph's cast(param -> bf16): AdamW
@@ -71,7 +71,7 @@ struct gpu_runtime {
 static inline int pool_get(gpu_runtime *rt, size_t bytes, gpu_ptr *p) { return gpu_pool_get(rt->pool, bytes, p); }
 static inline void pool_put(gpu_runtime *rt, gpu_ptr p) { gpu_pool_put(rt->pool, p); }
 
-/* ---------------------------------------------------------------- the executor */
+/* ---- the executor's state, and helpers every exec file uses ---- */
 typedef struct {
   gpu_ptr p;
   size_t bytes;   /* pool size class request; 0 = not owned (param, input) */

@@ -42,7 +42,9 @@ for m in $mods; do
     -L"$out" -l:libcuda_emu.so -Wl,-rpath,'$ORIGIN' "${ldflags[@]}" &
   pids+=($!)
 done
-for p in "${pids[@]}"; do wait "$p" || { echo "cuda_emu: a module failed to compile (above)" >&2; exit 1; }; done
+for p in "${pids[@]}"; do
+  wait "$p" || { echo "cuda_emu: a module failed to compile (above)" >&2; kill "${pids[@]}" 2>/dev/null; exit 1; }
+done
 echo "cuda_emu: built $(echo $mods | wc -w) modules into $out"
 env=(MOEC_LIBCUDA="$out/libcuda_emu.so" MOEC_LIBCUBLASLT="$out/libcublaslt_emu.so" MOEC_ATTENTION="${MOEC_ATTENTION:-gemm}")
 if [ "${MOEC_EMU_SANITIZE:-0}" = 1 ]; then

@@ -67,6 +67,10 @@ static int compare(const char *path, const moec_set *sets, int n_sets, int fused
     failed++;
     fprintf(stderr, "%s: the weight-tile recipe with FP8 GEMMs, yet no expert weight is kept as squares\n", path);
   }
+  if (sq_env && strcmp(sq_env, "0") == 0 && squares != 0) {
+    failed++;
+    fprintf(stderr, "%s: MOEC_SQUARES=0, yet %d stacks are kept as squares\n", path, squares);
+  }
   if (squares) { /* a second graph on the runtime (as the validation graph is) shares them */
     gpu_exec *gx2 = gpu_exec_new(rt, g, err, sizeof err);
     int shared = gx2 ? gpu_exec_squares(gx2) : -1;
