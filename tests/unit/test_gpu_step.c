@@ -61,13 +61,14 @@ static int compare(const char *path, const moec_set *sets, int n_sets, int fused
   }
   /* the weight-tile recipe with FP8 GEMMs keeps the expert weights as squares AdamW writes */
   const char *sq_env = getenv("MOEC_SQUARES");
+  const int sq_off = sq_env && strcmp(sq_env, "0") == 0;
   int squares = gpu_exec_squares(gx);
-  const int want_squares = fp8_sites && g->cfg.mx_weight_tile && !(sq_env && strcmp(sq_env, "0") == 0);
+  const int want_squares = fp8_sites && g->cfg.mx_weight_tile && !sq_off;
   if (want_squares && squares == 0) {
     failed++;
     fprintf(stderr, "%s: the weight-tile recipe with FP8 GEMMs, yet no expert weight is kept as squares\n", path);
   }
-  if (sq_env && strcmp(sq_env, "0") == 0 && squares != 0) {
+  if (sq_off && squares != 0) {
     failed++;
     fprintf(stderr, "%s: MOEC_SQUARES=0, yet %d stacks are kept as squares\n", path, squares);
   }
