@@ -266,6 +266,60 @@ int main(int argc, char **argv) {
     gpu_ptr all[] = {w, m, v, gr, wb, q0, q1, b0, b1, cd, tab};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) gpu_free(G, all[i]);
   }
+  /* the router's three f32 GEMMs at seq 8192 (T tokens, E experts): the narrow kernels
+     (rt_cuda_narrow_gemm, the executor's path) against cuBLASLt (MOEC_NARROW_GEMM=0). Bytes:
+     the wide operand (T, H) f32 read or written, plus the narrow one */
+  for (size_t mi = 0; mi < sizeof models / sizeof models[0]; mi++) {
+    const int64_t T = 8192, H = models[mi].hidden;
+    gpu_ptr x, dx, w, lg, dw;
+    if (gpu_alloc(G, &x, (size_t)(T * H) * 4, "x") || gpu_alloc(G, &dx, (size_t)(T * H) * 4, "dx") ||
+        gpu_alloc(G, &w, (size_t)(H * E) * 4, "w") || gpu_alloc(G, &lg, (size_t)(T * E) * 4, "logits") ||
+        gpu_alloc(G, &dw, (size_t)(H * E) * 4, "dw") || gpu_memset8(G, x, 0x3c, (size_t)(T * H) * 4) ||
+        gpu_memset8(G, w, 0x3c, (size_t)(H * E) * 4) || gpu_memset8(G, lg, 0x3c, (size_t)(T * E) * 4))
+      die(gpu_error(G));
+    /* (m, n, k, a, lda, ta, b, ldb, tb, c, ldc): logits = x . w, dx = dlogits . w^T, dw = x^T . dlogits */
+    const struct {
+      const char *what;
+      int64_t m, n, k;
+      gpu_ptr a;
+      int64_t lda;
+      int ta;
+      gpu_ptr b;
+      int64_t ldb;
+      int tb;
+      gpu_ptr c;
+      int64_t ldc;
+    } g3[3] = {{"router logits x . w", T, E, H, x, H, 0, w, E, 0, lg, E},
+               {"router dx = dlogits . w^T", T, H, E, lg, E, 0, w, E, 1, dx, H},
+               {"router dw = x^T . dlogits", H, E, T, x, H, 1, lg, E, 0, dw, E}};
+    for (int gi = 0; gi < 3; gi++)
+      for (int lib = 0; lib < 2; lib++) {
+        float ms = 0;
+        for (int r = -1; r < reps; r++) {
+          void *e0, *e1;
+          gpu_event_new(G, &e0), gpu_event_new(G, &e1);
+          gpu_event_record(G, e0);
+          int rc;
+          if (lib == 0) {
+            rc = rt_cuda_narrow_gemm(KR, g3[gi].m, g3[gi].n, g3[gi].k, g3[gi].a, g3[gi].lda, g3[gi].ta, g3[gi].b, g3[gi].ldb,
+                                     g3[gi].tb, g3[gi].c, g3[gi].ldc);
+            if (rc) die(rt_cuda_error(KR));
+          } else {
+            gpu_mat A = {CG_DT_F32, g3[gi].a, g3[gi].lda, 0, g3[gi].ta}, B = {CG_DT_F32, g3[gi].b, g3[gi].ldb, 0, g3[gi].tb};
+            gpu_mat Cm = {CG_DT_F32, g3[gi].c, g3[gi].ldc, 0, 0};
+            char e[512];
+            if (gpu_gemm(BL, g3[gi].m, g3[gi].n, g3[gi].k, 1.0f, &A, &B, 0.0f, &Cm, 1, e, sizeof e)) die(e);
+          }
+          gpu_event_record(G, e1);
+          if (gpu_event_elapsed(G, e0, e1, &ms) != 0) die("timing");
+          gpu_event_free(G, e0), gpu_event_free(G, e1);
+        }
+        printf("{\"model\":\"%s\",\"kernel\":\"%s\",\"by\":\"%s\",\"ms\":%.4f,\"GB_per_s\":%.0f}\n", models[mi].name,
+               g3[gi].what, lib ? "cuBLASLt" : "narrow", ms, (double)(T * H + T * E) * 4 / (ms * 1e6));
+      }
+    gpu_ptr all[] = {x, dx, w, lg, dw};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) gpu_free(G, all[i]);
+  }
   gpu_wgmma_free(WG);
   gpu_blas_free(BL);
   rt_cuda_free(KR);

@@ -3,8 +3,9 @@
 # pick parts whose limits, in brackets, add up to less; starting the machine costs ~2 minutes of
 # the session's device time on top):
 # checks
-#   kernels  test_gpu_kernels against the CPU, test_gpu_nccl (one-rank world) and
-#            test_gpu_fused, where the carry has them                            [270 s]
+#   kernels  test_gpu_kernels against the CPU, test_gpu_nccl (one-rank world), test_gpu_tiles,
+#            test_gpu_narrow and test_gpu_fused, where the carry has them               [270 s]
+#   narrow   test_gpu_narrow alone (the router's f32 GEMMs against the CPU)        [30 s]
 #   step     test_gpu_step: tiny and l0_sanity, 20 steps against the CPU        [300 s]
 #   steptiny test_gpu_step on tiny only (MOEC_GPU_STEP_ONLY=tiny; 120 s with warm NVRTC caches) [180 s]
 #   steptinywg  the same with the FP8 expert GEMMs on the wgmma kernel (MOEC_FP8_GEMM=wgmma) [180 s]
@@ -30,6 +31,8 @@
 #            squares (cuBLASLt's square scales) + peer unless fp8peer/fp8prof/genos ran [200 s]
 #   fp8tile2, fp8tile4  fp8tile with the disjoint expert GEMMs on 2 or 4 streams
 #            (MOEC_GEMM_STREAMS; default 1), reusing fp8tile's peer                                  [100 s each]
+#   fp8tilenw  fp8tile with MOEC_NARROW_GEMM=0 (the router's f32 GEMMs on cuBLASLt, not the
+#            narrow kernels), reusing fp8tile's peer                                    [150 s]
 #   fp8tilecp  fp8tile with MOEC_SQUARES=0 (the expert weights kept as bf16 copies and quantized
 #            each step instead of AdamW writing their squares), reusing fp8tile's peer   [100 s]
 #   fp8tilembcp  fp8tilemb with MOEC_SQUARES=0 (bf16 moments, the copies quantized each step) [100 s]
@@ -68,7 +71,7 @@
 # about 8 files come back, so session.log carries every table.
 #   here:  scripts/gpu_bundle.sh build --with-moec && rm -rf .dev/carry && mkdir .dev/carry &&
 #          cp -r build/gpu-carry/gpu-libs .dev/carry/ && for f in moec test_gpu_kernels test_gpu_step
-#          test_gpu_fused test_gpu_wgmma bench_grouped_gemm; do cp build/$f .dev/carry/ && strip .dev/carry/$f;
+#          test_gpu_fused test_gpu_tiles test_gpu_narrow test_gpu_wgmma bench_grouped_gemm; do cp build/$f .dev/carry/ && strip .dev/carry/$f;
 #          done && cp ../shared/peers/hf_mixtral_bench.py .dev/carry/
 #          (carry .dev; with the working tree it must stay under 64 MiB: ~42 MB here)
 #   there: OUT=$OUT bash bench/gpu_session.sh .dev/carry kernels steptiny genos fp8wg, then
@@ -107,10 +110,13 @@ for part in "${parts[@]}"; do
     grep -i "fail\|algorithm cache" "$L/kernels.log" | head -12; tail -1 "$L/kernels.log"
     [ -x "$C/test_gpu_nccl" ] && timeout 60 "$C/test_gpu_nccl" 2>&1 | tail -3
     [ -x "$C/test_gpu_tiles" ] && { timeout 60 "$C/test_gpu_tiles" >"$L/tiles.log" 2>&1; echo "test_gpu_tiles rc $?"; grep -i "fail\|gemm" "$L/tiles.log" | head -6; tail -1 "$L/tiles.log"; }
+    [ -x "$C/test_gpu_narrow" ] && { timeout 30 "$C/test_gpu_narrow" >"$L/narrow.log" 2>&1; echo "test_gpu_narrow rc $?"; grep -i "fail\|logits\|dx =\|dgate" "$L/narrow.log" | head -6; tail -1 "$L/narrow.log"; }
     if [ -x "$C/test_gpu_fused" ]; then
       timeout 60 "$C/test_gpu_fused" >"$L/fused.log" 2>&1; echo "test_gpu_fused rc $?"
       grep -i "fail" "$L/fused.log" | head -8; tail -1 "$L/fused.log"
     fi ;;
+  narrow)
+    timeout 30 "$C/test_gpu_narrow" >"$L/narrow.log" 2>&1; echo "rc $?"; cat "$L/narrow.log" ;;
   step | steptiny | steptinywg)
     only=; [ $part != step ] && only=tiny
     f8=${MOEC_FP8_GEMM:-}; [ $part = steptinywg ] && f8=wgmma
@@ -175,6 +181,9 @@ for part in "${parts[@]}"; do
   fp8tilembcp)
     peer_from "$L/fp8tile" "$L/$part"
     bench LOGDIR=$L/$part PEER_SKIP=1 MOEC_SQUARES=0 PRECISION='mxfp8(block=128,weight_tile=128)' MOEC_ARGS="$FUSED_MX --set moments=bf16" timeout 150 bash bench/run_bench.sh genos_1b ;;
+  fp8tilenw)
+    peer_from "$L/fp8tile" "$L/$part"
+    bench LOGDIR=$L/$part PEER_SKIP=1 MOEC_NARROW_GEMM=0 PRECISION='mxfp8(block=128,weight_tile=128)' MOEC_ARGS=$FUSED_MX timeout 150 bash bench/run_bench.sh genos_1b ;;
   fp8tilecp)
     peer_from "$L/fp8tile" "$L/$part"
     bench LOGDIR=$L/$part PEER_SKIP=1 MOEC_SQUARES=0 PRECISION='mxfp8(block=128,weight_tile=128)' MOEC_ARGS=$FUSED_MX timeout 150 bash bench/run_bench.sh genos_1b ;;

@@ -19,6 +19,7 @@ void cg_emit_optim(cg_buf *b, const cg_variant *v, int emu);
 void cg_emit_mxfp8(cg_buf *b, const cg_variant *v, int emu);
 void cg_emit_mxfp8_tiles(cg_buf *b, int emu); /* part of the mxfp8 module (cg_mxfp8_tiles.c) */
 void cg_emit_grouped(cg_buf *b, const cg_variant *v, int emu);
+void cg_emit_narrow(cg_buf *b, const cg_variant *v, int emu);
 
 /* Emits one kernel:
  *     extern "C" __global__ void __launch_bounds__(threads) NAME(PARAMS) { IMPL(ARGS); }

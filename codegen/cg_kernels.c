@@ -21,6 +21,7 @@ static const struct {
     [CG_FAM_OPTIM] = {"optim", cg_emit_optim},
     [CG_FAM_MXFP8] = {"mxfp8", cg_emit_mxfp8},
     [CG_FAM_GROUPED] = {"grouped", cg_emit_grouped},
+    [CG_FAM_NARROW] = {"narrow", cg_emit_narrow},
 };
 
 const char *cg_family_name(cg_family f) { return f < CG_FAM_COUNT ? families[f].name : "?"; }

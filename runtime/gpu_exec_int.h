@@ -113,6 +113,7 @@ struct gpu_exec {
   int keep_all;
   gpu_profile *prof;      /* MOEC_PROFILE=1: per-op times, printed when the executor is freed */
   int grouped_device;     /* MOEC_GROUPED_GEMM=device: the device-driven grouped GEMMs, no host sync */
+  int narrow_off;         /* MOEC_NARROW_GEMM=0: the router's f32 GEMMs on cuBLASLt too */
   int adamw_single;       /* MOEC_ADAMW_MULTI=0: one launch per parameter */
   int aw_from, aw_until;  /* this step's AdamW run (aw_from, aw_until] was done by the launch at aw_from */
   int32_t **hcounts;      /* (n_nodes) host copies of expert-count values, downloaded once per step */

@@ -73,7 +73,7 @@ static void get_f(float *x, gpu_ptr p, int64_t n, cg_dtype t) {
   for (int64_t i = 0; i < n; i++) x[i] = ck_bf16_to_float(b[i]);
   free(b);
 }
-static gpu_ptr up_raw(const void *x, size_t bytes) {
+__attribute__((unused)) static gpu_ptr up_raw(const void *x, size_t bytes) {
   gpu_ptr p = dmalloc(bytes);
   upload(p, x, bytes);
   return p;
@@ -112,7 +112,7 @@ static void expect_flag(const char *what, int want) {
  * except that any NaN matches any NaN: CUDA's arithmetic returns the canonical NaN 0x7fffffff
  * where glibc keeps 0x7fc00000 (seen on the H200 for AdamW with a NaN gradient norm), and
  * fp32 NaN payloads carry no meaning here. */
-static void cmp(const char *what, const float *got, const float *want_in, int64_t n, cg_dtype t, double rtol,
+__attribute__((unused)) static void cmp(const char *what, const float *got, const float *want_in, int64_t n, cg_dtype t, double rtol,
                 double atol) {
   float *want = dup(want_in, n);
   if (t == CG_DT_BF16) ck_round_bf16(want, n);
@@ -142,7 +142,7 @@ static inline void gemm_nt_ref(const float *x, const float *w, int64_t m, int64_
       want[i * n + j] = (float)acc;
     }
 }
-static double maxabs(const float *x, int64_t n) {
+__attribute__((unused)) static double maxabs(const float *x, int64_t n) {
   double m = 0.0;
   for (int64_t i = 0; i < n; i++) m = fmax(m, fabs(x[i]));
   return m;
