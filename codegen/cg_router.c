@@ -157,6 +157,7 @@ static const char *const loss_src =
     "  __shared__ double P[MAX_E], C[MAX_E];\n"
     "  for (i64 e = threadIdx.x; e < E; e += blockDim.x) {\n"
     "    double p = 0.0, c = 0.0;\n"
+    "#pragma unroll 8\n" // loads in flight ahead of the adds (E threads do all of it)
     "    for (i64 b = 0; b < nb; b++) {\n"
     "      p += Ppart[b * E + e];\n"
     "      c += cpart[b * E + e];\n"
@@ -198,6 +199,7 @@ static const char *const loss_src =
     "  __shared__ double P[MAX_E];\n"
     "  for (i64 e = threadIdx.x; e < E; e += blockDim.x) {\n"
     "    double p = 0.0;\n"
+    "#pragma unroll 8\n"
     "    for (i64 b = 0; b < nb; b++) p += Ppart[b * E + e];\n"
     "    P[e] = p;\n"
     "  }\n"

@@ -931,13 +931,15 @@ gpu_exec *gpu_exec_new(gpu_runtime *rt, const ir_graph *g, char *err, size_t err
   x->ep_all = calloc(n, sizeof *x->ep_all);
   x->view = calloc(n, 1);
   x->stack_of = malloc(n * sizeof *x->stack_of);
+  x->store_q = malloc(n * sizeof *x->store_q);
   x->comm_done = calloc(n, sizeof *x->comm_done), x->comm_pending = calloc(n, 1);
-  if (!x->hcounts || !x->cpin || !x->cev || !x->cpending || !x->ep_all || !x->view || !x->stack_of || !x->comm_done || !x->comm_pending) {
+  if (!x->hcounts || !x->cpin || !x->cev || !x->cpending || !x->ep_all || !x->view || !x->stack_of || !x->store_q || !x->comm_done || !x->comm_pending) {
     snprintf(err, errlen, "out of host memory");
     gpu_exec_free(x);
     return NULL;
   }
   gpu_views_plan(g, &x->fp8, !x->grouped_device, x->last_use, x->view);
+  plan_gate_up_stores(x);
   if (plan_stacks(x, err, errlen) != 0) {
     gpu_exec_free(x);
     return NULL;
@@ -975,6 +977,7 @@ void gpu_exec_free(gpu_exec *x) {
   free(x->ep_all);
   free(x->view);
   free(x->stack_of);
+  free(x->store_q);
   gpu_free(x->rt->g, x->tokens);
   gpu_free(x->rt->g, x->labels);
   free(x->param_index);
