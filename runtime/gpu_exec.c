@@ -958,6 +958,12 @@ int gpu_exec_fp8_sites(const gpu_exec *x) {
   return n;
 }
 
+int gpu_exec_act_stores(const gpu_exec *x) {
+  int n = 0;
+  for (int id = 0; id < x->g->n_nodes; id++) n += x->store_q[id] >= 0;
+  return n;
+}
+
 void gpu_exec_free(gpu_exec *x) {
   if (!x) return;
   gpu_fp8_plan_free(&x->fp8);
