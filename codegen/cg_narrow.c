@@ -1,9 +1,10 @@
 /* cg_narrow.c -- f32 GEMMs with a narrow side: C (m, n) = op(A) (m, k) . op(B) (k, n) with
- * n <= CG_NARROW or k <= CG_NARROW. They are the router's three products: its logits
- * (T, H) . (H, E), their input gradient (T, E) . (E, H)^T and the gate's gradient
- * (T, H)^T . (T, E). cuBLASLt runs them as SIMT sgemm tiles (24-57 us a call at genos_1b's
- * shapes on an H200, 1.4 ms of the step); each is one read of the wide operand. Every sum is
- * taken in a fixed order, so results repeat run to run. */
+ * n <= CG_NARROW or k <= CG_NARROW: every such f32 GEMM of the executor (rt_cuda_narrow_ok).
+ * They were made for the router's three products: its logits (T, H) . (H, E), their input
+ * gradient (T, E) . (E, H)^T and the gate's gradient (T, H)^T . (T, E), which cuBLASLt runs as
+ * SIMT sgemm tiles (24-57 us a call at genos_1b's shapes on an H200, 1.4 ms of the step); each
+ * is one read of the wide operand. Every sum is taken in a fixed order, so results repeat run
+ * to run. */
 #include <stdio.h>
 
 #include "cg_family.h"
@@ -40,10 +41,8 @@ static const char *const src =
     "  for (i64 c0 = 0; c0 < k; c0 += NK_CHUNK) {\n"
     "    const i64 kc = k - c0 < NK_CHUNK ? k - c0 : NK_CHUNK;\n"
     "    __syncthreads(); // the last chunk's readers are done\n"
-    "    for (i64 e = threadIdx.x; e < n * kc; e += blockDim.x) {\n"
-    "      const i64 j = e / kc, p = e % kc;\n"
-    "      bt[j * NK_CHUNK + p] = opb(b, ldb, tb, c0 + p, j);\n"
-    "    }\n"
+    "    for (int j = 0; j < n; j++) // (no index divisions: a 64-bit one is ~100 instructions)\n"
+    "      for (int p = threadIdx.x; p < kc; p += blockDim.x) bt[j * NK_CHUNK + p] = opb(b, ldb, tb, c0 + p, j);\n"
     "    __syncthreads();\n"
     "    if (vec) {\n"
     "      for (i64 p = lane * 4; p < kc; p += 128) {\n"
@@ -96,8 +95,8 @@ static const char *const src =
     "  __shared__ float as[NKK_ROWS * NW], bs[NW * 256];\n"
     "  const i64 j0 = (i64)blockIdx.x * blockDim.x, i0 = (i64)blockIdx.y * NKK_ROWS, j = j0 + threadIdx.x;\n"
     "  const i64 rows = m - i0 < NKK_ROWS ? m - i0 : NKK_ROWS;\n"
-    "  for (i64 e = threadIdx.x; e < rows * k; e += blockDim.x) {\n"
-    "    const i64 r = e / k, p = e % k;\n"
+    "  for (int e = threadIdx.x; e < (int)(rows * k); e += blockDim.x) { // < NKK_ROWS x NW: 32-bit\n"
+    "    const int r = e / (int)k, p = e % (int)k;\n"
     "    as[r * NW + p] = ta ? a[p * lda + i0 + r] : a[(i0 + r) * lda + p];\n"
     "  }\n"
     "  for (i64 p = 0; p < k; p++) bs[p * 256 + threadIdx.x] = j < n ? opb(b, ldb, tb, p, j) : 0.0f;\n"
@@ -123,7 +122,10 @@ static const char *const src =
     "  __shared__ float bs[NT_ROWS * NWT];\n"
     "  const i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x, p0 = (i64)blockIdx.y * NT_ROWS;\n"
     "  const i64 rows = k - p0 < NT_ROWS ? k - p0 : NT_ROWS;\n"
-    "  for (i64 e = threadIdx.x; e < rows * n; e += blockDim.x) bs[e / n * NWT + e % n] = opb(b, ldb, tb, p0 + e / n, e % n);\n"
+    "  for (int e = threadIdx.x; e < (int)(rows * n); e += blockDim.x) { // < NT_ROWS x NWT: 32-bit\n"
+    "    const int r = e / (int)n, j = e % (int)n;\n"
+    "    bs[r * NWT + j] = opb(b, ldb, tb, p0 + r, j);\n"
+    "  }\n"
     "  __syncthreads();\n"
     "  if (i >= m) return;\n"
     "  float acc[NWT];\n"

@@ -250,9 +250,10 @@ static int gemm(gx *x, int id, int64_t m, int64_t n, int64_t k, int a, int ta, i
   gpu_mat B = {DT(x, b), x->val[b].p, COLS(b), 0, tb};
   gpu_mat C = {DT(x, c), x->val[c].p, COLS(c), 0, 0};
   A.ld = COLS(a);
-  /* f32 with a side of at most CG_NARROW (the router's logits and their gradients): one read
-     of the wide operand, where cuBLASLt ran SIMT sgemm tiles (24-57 us a call at genos_1b) */
-  if (!x->narrow_off && A.dtype == CG_DT_F32 && B.dtype == CG_DT_F32 && C.dtype == CG_DT_F32 && rt_cuda_narrow_ok(m, n, k, ta))
+  /* f32 with a side of at most CG_NARROW (the router's logits and their gradients, or an f32
+     expert's few rows): one read of the wide operand, where cuBLASLt ran SIMT sgemm tiles
+     (24-57 us a call at genos_1b) */
+  if (!x->narrow_off && A.dtype == CG_DT_F32 && B.dtype == CG_DT_F32 && C.dtype == CG_DT_F32 && rt_cuda_narrow_ok(m, n, k))
     return ck(x, id, rt_cuda_narrow_gemm(KX, m, n, k, A.p, A.ld, ta, B.p, B.ld, tb, C.p, C.ld));
   char e[512];
   return gpu_gemm(x->rt->blas, m, n, k, 1.0f, &A, &B, 0.0f, &C, 1, e, sizeof e) ? fail(x, id, "%s", e) : 0;

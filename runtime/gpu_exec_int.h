@@ -189,9 +189,6 @@ int fresh_copy(gx *x, int id, int i);
 
 /* gpu_exec_stacks.c */
 int plan_stacks(gx *x, char *err, size_t errlen);
-/* store_q: each FP8 grouped_mlp whose gate_up window is quantized for keeping (FP8_STORE) in its
- * act quantize's block mode; MOEC_ACT_STORE=0 keeps that quantize apart (side-by-side timing). */
-void plan_gate_up_stores(gx *x);
 int squares_refresh(gx *x, int id, dev_stack *sk);
 int squares_adamw(gx *x, int id, cg_dtype gt, const rt_cuda_adamw_hp *hp, gpu_ptr gnorm, rt_cuda_adamw_tensor *t, int *n);
 
@@ -214,5 +211,8 @@ int exec_GROUPED_MLP(gx *x, int id);
 int exec_GROUPED_MLP_BWD(gx *x, int id);
 int exec_MXFP8_QUANTIZE(gx *x, int id);
 int exec_MXFP8_DEQUANTIZE(gx *x, int id);
+/* store_q: each FP8 grouped_mlp whose gate_up window is quantized for keeping (FP8_STORE) in its
+ * act quantize's block mode; MOEC_ACT_STORE=0 keeps that quantize apart (side-by-side timing). */
+void plan_gate_up_stores(gx *x);
 
 #endif

@@ -111,11 +111,12 @@ int rt_cuda_aux_loss_share_bwd(rt_cuda *k, gpu_ptr logits, gpu_ptr counts, gpu_p
 int rt_cuda_z_loss_fwd(rt_cuda *k, gpu_ptr logits, gpu_ptr loss, int64_t T, int64_t E, float coef);
 int rt_cuda_z_loss_bwd(rt_cuda *k, gpu_ptr logits, gpu_ptr dloss, gpu_ptr dlogits, int64_t T, int64_t E, float coef);
 
-/* ---- narrow f32 GEMMs (the router's): c (m, n; rows ldc apart) = op(a) (m, k) . op(b) (k, n),
- * op(a)[i, p] = ta ? a[p lda + i] : a[i lda + p], op(b) likewise with tb. Taken where one side
- * is at most CG_NARROW wide (k, or n when not ta; n with ta too): rt_cuda_narrow_ok says; sums
- * in a fixed order (repeatable), not cuBLAS's. */
-int rt_cuda_narrow_ok(int64_t m, int64_t n, int64_t k, int ta);
+/* ---- narrow f32 GEMMs (the router's, and any f32 GEMM with a side of at most CG_NARROW):
+ * c (m, n; rows ldc apart) = op(a) (m, k) . op(b) (k, n), op(a)[i, p] = ta ? a[p lda + i] :
+ * a[i lda + p], op(b) likewise with tb. rt_cuda_narrow_ok says which sizes they take (k or n
+ * at most CG_NARROW, within their grids and scratch); sums in a fixed order (repeatable), not
+ * cuBLAS's. */
+int rt_cuda_narrow_ok(int64_t m, int64_t n, int64_t k);
 int rt_cuda_narrow_gemm(rt_cuda *k, int64_t m, int64_t n, int64_t kk, gpu_ptr a, int64_t lda, int ta, gpu_ptr b,
                         int64_t ldb, int tb, gpu_ptr c, int64_t ldc);
 

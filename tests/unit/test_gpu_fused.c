@@ -288,7 +288,9 @@ static void test_quantize_act(cg_dtype t) {
     /* with gate_up's own quantize in the same kernel (grouped_mlp's saved gate_up): the act's
        bytes unchanged, and gate_up's those of mxfp8_quantize on its (S, 2F) window */
     RUN(rt_cuda_mxfp8_quantize_win(K, t, window, ldg, 0, 0, S, 2 * F, 32, 1, g1, e1));
-    CHECK(gpu_memset8(G, q2, 0xA5, (size_t)(S * F)) == 0 && gpu_memset8(G, g2, 0xA5, (size_t)(S * 2 * F)) == 0, "memset");
+    CHECK(gpu_memset8(G, q2, 0xA5, (size_t)(S * F)) == 0 && gpu_memset8(G, g2, 0xA5, (size_t)(S * 2 * F)) == 0 &&
+              gpu_memset8(G, c2, 0xA5, (size_t)(S * F / 32)) == 0 && gpu_memset8(G, e2, 0xA5, (size_t)(S * 2 * F / 32)) == 0,
+          "memset"); /* every output poisoned: each byte must be written */
     RUN(rt_cuda_mxfp8_quantize_act_store(K, t, window, ldg, dp, S, F, 32, 1, q2, c2, g2, e2));
     download(a2, q2, (size_t)(S * F));
     download(s2, c2, (size_t)(S * F / 32));
