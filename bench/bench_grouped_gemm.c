@@ -177,9 +177,7 @@ int main(int argc, char **argv) {
      moved / time: the split backward from the stored MXFP8 gate_up, the activation quantize,
      and the gate_up weight's square quantize (E, H, 2F) transposed. Bytes an element of F:
      split 12 (dact f32 4, gate|up E4M3 2, dgate|dup bf16 4, act bf16 2), act quantize 5 (gate|up
-     bf16 4, E4M3 1); the square quantize 3 an element of the weight (bf16 in, E4M3 out); the act
-     quantize with gate_up's own quantize (grouped_mlp's saved gate_up), apart 11 (the second
-     reads gate_up again) and in one kernel 7 */
+     bf16 4, E4M3 1); the square quantize 3 an element of the weight (bf16 in, E4M3 out) */
   const gpu_ptr MB = (gpu_ptr)1 << 20;
   /* the split's E8M0 codes (u.b past gate_up's S x 2F E4M3 bytes): 127, scale 1, as a trained
      gate_up's are (~110-140), so the split takes the pairwise decode the step takes; u.b's bf16
@@ -188,9 +186,8 @@ int main(int argc, char **argv) {
   for (size_t mi = 0; mi < sizeof models / sizeof models[0]; mi++) {
     int64_t F = models[mi].ffn, H = models[mi].hidden;
     gpu_ptr out = u.c, act = u.c + 2 * (gpu_ptr)(S * F) * 2, dp = act + (gpu_ptr)(S * F) * 2 + MB;
-    for (int kn = 0; kn < 5; kn++) {
-      double bytes = kn == 0 ? (double)S * F * (4 + 2 + 2 * 2 + 2) : kn == 1 ? (double)S * F * (4 + 1)
-                     : kn == 2 ? (double)E * H * 2 * F * 3 : kn == 3 ? (double)S * F * 11 : (double)S * F * 7;
+    for (int kn = 0; kn < 3; kn++) {
+      double bytes = kn == 0 ? (double)S * F * (4 + 2 + 2 * 2 + 2) : kn == 1 ? (double)S * F * (4 + 1) : (double)E * H * 2 * F * 3;
       for (int r = -1; r < reps; r++) { /* r = -1: warm-up */
         void *e0, *e1;
         gpu_event_new(G, &e0), gpu_event_new(G, &e1);
@@ -198,13 +195,8 @@ int main(int argc, char **argv) {
         int rc = kn == 0 ? rt_cuda_mlp_bwd_split_mx(KR, CG_DT_BF16, u.a, 0, 2 * F, u.b, u.b + (gpu_ptr)S * 2 * maxn, 32, u.sa, out,
                                                     act, dp, S, F)
                : kn == 1 ? rt_cuda_mxfp8_quantize_act(KR, CG_DT_BF16, u.a, 2 * F, u.sa, S, F, 32, 1, u.c, u.c + 200 * MB)
-               : kn == 2 ? rt_cuda_mxfp8_quantize_tiles(KR, CG_DT_BF16, u.a, 0, E, H, 2 * F, 32, 1, u.c, u.c + 200 * MB,
-                                                        u.c + 300 * MB)
-               : kn == 3 ? rt_cuda_mxfp8_quantize_act(KR, CG_DT_BF16, u.a, 2 * F, u.sa, S, F, 32, 1, u.c, u.c + 200 * MB) ||
-                               rt_cuda_mxfp8_quantize_win(KR, CG_DT_BF16, u.a, 2 * F, 0, 0, S, 2 * F, 32, 1, u.c + 400 * MB,
-                                                          u.c + 600 * MB)
-                         : rt_cuda_mxfp8_quantize_act_store(KR, CG_DT_BF16, u.a, 2 * F, u.sa, S, F, 32, 1, u.c, u.c + 200 * MB,
-                                                            u.c + 400 * MB, u.c + 600 * MB);
+                         : rt_cuda_mxfp8_quantize_tiles(KR, CG_DT_BF16, u.a, 0, E, H, 2 * F, 32, 1, u.c, u.c + 200 * MB,
+                                                        u.c + 300 * MB);
         if (rc) die(rt_cuda_error(KR));
         gpu_event_record(G, e1);
         float ms = 0;
@@ -212,11 +204,7 @@ int main(int argc, char **argv) {
         gpu_event_free(G, e0), gpu_event_free(G, e1);
         if (r == reps - 1) /* the last, warm */
           printf("{\"model\":\"%s\",\"kernel\":\"%s\",\"ms\":%.4f,\"GB_per_s\":%.0f}\n", models[mi].name,
-                 kn == 0   ? "mlp_bwd_split (MXFP8 gate_up)"
-                 : kn == 1 ? "mxfp8_quantize_act"
-                 : kn == 2 ? "mxfp8_quantize_tiles (E, H, 2F)^T"
-                 : kn == 3 ? "quantize_act, then gate_up's quantize (apart)"
-                           : "quantize_act_store (both, one kernel)",
+                 kn == 0 ? "mlp_bwd_split (MXFP8 gate_up)" : kn == 1 ? "mxfp8_quantize_act" : "mxfp8_quantize_tiles (E, H, 2F)^T",
                  ms, bytes / (ms * 1e6));
       }
     }

@@ -31,8 +31,8 @@
 #            squares (cuBLASLt's square scales) + peer unless fp8peer/fp8prof/genos ran [200 s]
 #   fp8tile2, fp8tile4  fp8tile with the disjoint expert GEMMs on 2 or 4 streams
 #            (MOEC_GEMM_STREAMS; default 1), reusing fp8tile's peer                                  [100 s each]
-#   fp8tileold  fp8tile with MOEC_NARROW_GEMM=0 and MOEC_ACT_STORE=0 (the router's f32 GEMMs on
-#            cuBLASLt, the saved gate_up quantized apart: both as before), reusing fp8tile's peer [150 s]
+#   fp8tilenw  fp8tile with MOEC_NARROW_GEMM=0 (the router's f32 GEMMs on cuBLASLt, not the
+#            narrow kernels), reusing fp8tile's peer                                    [150 s]
 #   fp8tilecp  fp8tile with MOEC_SQUARES=0 (the expert weights kept as bf16 copies and quantized
 #            each step instead of AdamW writing their squares), reusing fp8tile's peer   [100 s]
 #   fp8tilembcp  fp8tilemb with MOEC_SQUARES=0 (bf16 moments, the copies quantized each step) [100 s]
@@ -181,9 +181,9 @@ for part in "${parts[@]}"; do
   fp8tilembcp)
     peer_from "$L/fp8tile" "$L/$part"
     bench LOGDIR=$L/$part PEER_SKIP=1 MOEC_SQUARES=0 PRECISION='mxfp8(block=128,weight_tile=128)' MOEC_ARGS="$FUSED_MX --set moments=bf16" timeout 150 bash bench/run_bench.sh genos_1b ;;
-  fp8tileold)
+  fp8tilenw)
     peer_from "$L/fp8tile" "$L/$part"
-    bench LOGDIR=$L/$part PEER_SKIP=1 MOEC_NARROW_GEMM=0 MOEC_ACT_STORE=0 PRECISION='mxfp8(block=128,weight_tile=128)' MOEC_ARGS=$FUSED_MX timeout 150 bash bench/run_bench.sh genos_1b ;;
+    bench LOGDIR=$L/$part PEER_SKIP=1 MOEC_NARROW_GEMM=0 PRECISION='mxfp8(block=128,weight_tile=128)' MOEC_ARGS=$FUSED_MX timeout 150 bash bench/run_bench.sh genos_1b ;;
   fp8tilecp)
     peer_from "$L/fp8tile" "$L/$part"
     bench LOGDIR=$L/$part PEER_SKIP=1 MOEC_SQUARES=0 PRECISION='mxfp8(block=128,weight_tile=128)' MOEC_ARGS=$FUSED_MX timeout 150 bash bench/run_bench.sh genos_1b ;;

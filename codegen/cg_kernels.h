@@ -30,7 +30,7 @@ typedef enum {
   CG_FAM_OPTIM,       /* AdamW, gradient norm */
   CG_FAM_MXFP8,       /* quantize (rows, columns), dequantize; per (block, share128) */
   CG_FAM_GROUPED,     /* expert-sorted ops: permute, unpermute, grouped GEMMs, GroupedMLP halves */
-  CG_FAM_NARROW,      /* f32 GEMMs with a side of at most CG_NARROW: the router's */
+  CG_FAM_NARROW,      /* f32 GEMMs of at most CG_NARROW columns: the router's */
   CG_FAM_COUNT
 } cg_family;
 
@@ -57,7 +57,7 @@ enum {
   CG_GN_TABLE = 32,       /* gradient tensors per sum-of-squares launch */
   CG_AW_TABLE = 24,       /* parameters per AdamW launch (their table fits the 4 KB of launch parameters) */
   CG_GT = 16,             /* grouped GEMM tile (GT x GT outputs, GT*GT threads) */
-  CG_NARROW = 16,         /* the narrow GEMMs' narrow side (n or k) at most */
+  CG_NARROW = 16,         /* the narrow GEMMs' columns (n) at most */
 };
 
 const char *cg_family_name(cg_family f);

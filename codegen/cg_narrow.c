@@ -1,10 +1,10 @@
-/* cg_narrow.c -- f32 GEMMs with a narrow side: C (m, n) = op(A) (m, k) . op(B) (k, n) with
- * n <= CG_NARROW or k <= CG_NARROW: every such f32 GEMM of the executor (rt_cuda_narrow_ok).
- * They were made for the router's three products: its logits (T, H) . (H, E), their input
- * gradient (T, E) . (E, H)^T and the gate's gradient (T, H)^T . (T, E), which cuBLASLt runs as
- * SIMT sgemm tiles (24-57 us a call at genos_1b's shapes on an H200, 1.4 ms of the step); each
- * is one read of the wide operand. Every sum is taken in a fixed order, so results repeat run
- * to run. */
+/* cg_narrow.c -- f32 GEMMs with a narrow output: C (m, n) = op(A) (m, k) . op(B) (k, n) with
+ * n <= CG_NARROW, every such f32 GEMM of the executor (rt_cuda_narrow_ok). They were made for
+ * the router's logits (T, H) . (H, E) and the gate's gradient (T, H)^T . (T, E), which cuBLASLt
+ * runs as SIMT sgemm tiles: 0.048 and 0.035 ms a call at genos_1b's shapes on an H200, against
+ * 0.024 and 0.027 here (bench/RESULTS.md). Each is one read of the wide operand. (The third,
+ * dx = dlogits . w^T, k = E, was slower here than on cuBLASLt and stays there.) Every sum is
+ * taken in a fixed order, so results repeat run to run. */
 #include <stdio.h>
 
 #include "cg_family.h"
@@ -12,10 +12,9 @@
 static const char *const src =
     "// Narrow f32 GEMMs (cg_narrow.c). op(A)[i, p] = ta ? a[p lda + i] : a[i lda + p], op(B)\n"
     "// likewise with tb; C rows ldc apart. fmaf throughout (NVRTC's --fmad=false leaves it fused).\n"
-    "constexpr int NW = NARROW;    // the narrow side's largest size; NWT: the kernel's (8 or 16)\n"
+    "constexpr int NW = NARROW;    // the most columns; NWT: the kernel's (8 or 16)\n"
     "constexpr int NK_ROWS = 32;   // narrow_n: rows a block (8 warps, 4 rows a warp)\n"
     "constexpr int NK_CHUNK = 256; // narrow_n: K staged a chunk at a time (NK_CHUNK x NWT floats)\n"
-    "constexpr int NKK_ROWS = 64;  // narrow_k: C rows a block\n"
     "constexpr int NT_ROWS = 128;  // narrow_tn: K rows a partial sum\n"
     "struct alignas(16) f32x4 {\n"
     "  float v[4];\n"
@@ -87,33 +86,6 @@ static const char *const src =
     "    }\n"
     "}\n"
     "\n"
-    "// k <= NW: a thread per column of C over a block's NKK_ROWS rows, op(A)'s rows and op(B)'s\n"
-    "// column tile staged in shared memory (read as broadcasts and along j). Grid:\n"
-    "// (ceil(n / 256), ceil(m / NKK_ROWS)).\n"
-    "__device__ void narrow_k(const float *a, i64 lda, int ta, const float *b, i64 ldb, int tb, float *c, i64 ldc, i64 m, i64 n,\n"
-    "                         i64 k) {\n"
-    "  __shared__ float as[NKK_ROWS * NW], bs[NW * 256];\n"
-    "  const i64 j0 = (i64)blockIdx.x * blockDim.x, i0 = (i64)blockIdx.y * NKK_ROWS, j = j0 + threadIdx.x;\n"
-    "  const i64 rows = m - i0 < NKK_ROWS ? m - i0 : NKK_ROWS;\n"
-    "  for (int e = threadIdx.x; e < (int)(rows * k); e += blockDim.x) { // < NKK_ROWS x NW: 32-bit\n"
-    "    const int r = e / (int)k, p = e % (int)k;\n"
-    "    as[r * NW + p] = ta ? a[p * lda + i0 + r] : a[(i0 + r) * lda + p];\n"
-    "  }\n"
-    "  for (i64 p = 0; p < k; p++) bs[p * 256 + threadIdx.x] = j < n ? opb(b, ldb, tb, p, j) : 0.0f;\n"
-    "  __syncthreads();\n"
-    "  if (j >= n) return;\n"
-    "  float w[NW];\n"
-    "#pragma unroll\n"
-    "  for (int p = 0; p < NW; p++) w[p] = p < k ? bs[p * 256 + threadIdx.x] : 0.0f;\n"
-    "  for (i64 r = 0; r < rows; r++) {\n"
-    "    float s = 0.0f;\n"
-    "#pragma unroll\n"
-    "    for (int p = 0; p < NW; p++)\n"
-    "      if (p < k) s = fmaf(as[r * NW + p], w[p], s);\n"
-    "    c[(i0 + r) * ldc + j] = s;\n"
-    "  }\n"
-    "}\n"
-    "\n"
     "// n <= NW, ta = 1 (a reduction over op(A)'s long side): stage 1, part[P][i][j] = the sum\n"
     "// over rows p in [P NT_ROWS, (P + 1) NT_ROWS) of a[p lda + i] op(B)[p, j], a thread per\n"
     "// column i (a warp reads 32 consecutive floats of a row); grid (ceil(m / blockDim), P).\n"
@@ -164,7 +136,7 @@ void cg_emit_narrow(cg_buf *b, const cg_variant *v, int emu) {
   cg_puts(b, src);
   const char *kv[9];
   cg_dtype_kv(kv, CG_DT_F32, CG_DT_F32);
-  for (int w = 8; w <= CG_NARROW; w *= 2) { /* the narrow side's width: 8 (the router's experts) or 16 */
+  for (int w = 8; w <= CG_NARROW; w *= 2) { /* the columns: 8 (the router's experts) or 16 */
     char name[64], impl[64], name2[64], impl2[64];
     snprintf(name, sizeof name, "moec_narrow_n_%d", w), snprintf(impl, sizeof impl, "narrow_n<%d>", w);
     snprintf(name2, sizeof name2, "moec_narrow_tn_partial_%d", w), snprintf(impl2, sizeof impl2, "narrow_tn_partial<%d>", w);
@@ -173,9 +145,6 @@ void cg_emit_narrow(cg_buf *b, const cg_variant *v, int emu) {
     cg_entry(b, CG_NT_EW, name2, "const float *a, i64 lda, const float *b, i64 ldb, int tb, float *part, i64 m, i64 n, i64 k",
              impl2, kv, emu);
   }
-  cg_entry(b, CG_NT_EW, "moec_narrow_k",
-           "const float *a, i64 lda, int ta, const float *b, i64 ldb, int tb, float *c, i64 ldc, i64 m, i64 n, i64 k",
-           "narrow_k", kv, emu);
   cg_entry(b, CG_NT_EW, "moec_narrow_tn_final", "const float *part, float *c, i64 ldc, i64 m, i64 n, i64 P",
            "narrow_tn_final", kv, emu);
 }

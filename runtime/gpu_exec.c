@@ -250,9 +250,9 @@ static int gemm(gx *x, int id, int64_t m, int64_t n, int64_t k, int a, int ta, i
   gpu_mat B = {DT(x, b), x->val[b].p, COLS(b), 0, tb};
   gpu_mat C = {DT(x, c), x->val[c].p, COLS(c), 0, 0};
   A.ld = COLS(a);
-  /* f32 with a side of at most CG_NARROW (the router's logits and their gradients, or an f32
-     expert's few rows): one read of the wide operand, where cuBLASLt ran SIMT sgemm tiles
-     (24-57 us a call at genos_1b) */
+  /* f32 of at most CG_NARROW columns (the router's logits and the gate's gradient): one read of
+     the wide operand, where cuBLASLt ran SIMT sgemm tiles (0.024 / 0.027 ms a call against
+     0.048 / 0.035 at genos_1b's shapes on the H200) */
   if (!x->narrow_off && A.dtype == CG_DT_F32 && B.dtype == CG_DT_F32 && C.dtype == CG_DT_F32 && rt_cuda_narrow_ok(m, n, k))
     return ck(x, id, rt_cuda_narrow_gemm(KX, m, n, k, A.p, A.ld, ta, B.p, B.ld, tb, C.p, C.ld));
   char e[512];
@@ -932,15 +932,13 @@ gpu_exec *gpu_exec_new(gpu_runtime *rt, const ir_graph *g, char *err, size_t err
   x->ep_all = calloc(n, sizeof *x->ep_all);
   x->view = calloc(n, 1);
   x->stack_of = malloc(n * sizeof *x->stack_of);
-  x->store_q = malloc(n * sizeof *x->store_q);
   x->comm_done = calloc(n, sizeof *x->comm_done), x->comm_pending = calloc(n, 1);
-  if (!x->hcounts || !x->cpin || !x->cev || !x->cpending || !x->ep_all || !x->view || !x->stack_of || !x->store_q || !x->comm_done || !x->comm_pending) {
+  if (!x->hcounts || !x->cpin || !x->cev || !x->cpending || !x->ep_all || !x->view || !x->stack_of || !x->comm_done || !x->comm_pending) {
     snprintf(err, errlen, "out of host memory");
     gpu_exec_free(x);
     return NULL;
   }
   gpu_views_plan(g, &x->fp8, !x->grouped_device, x->last_use, x->view);
-  plan_gate_up_stores(x);
   if (plan_stacks(x, err, errlen) != 0) {
     gpu_exec_free(x);
     return NULL;
@@ -956,12 +954,6 @@ gpu_exec *gpu_exec_new(gpu_runtime *rt, const ir_graph *g, char *err, size_t err
 int gpu_exec_fp8_sites(const gpu_exec *x) {
   int n = 0;
   for (int id = 0; id < x->g->n_nodes; id++) n += x->fp8.site[id];
-  return n;
-}
-
-int gpu_exec_act_stores(const gpu_exec *x) {
-  int n = 0;
-  for (int id = 0; id < x->g->n_nodes; id++) n += x->store_q[id] >= 0;
   return n;
 }
 
@@ -984,7 +976,6 @@ void gpu_exec_free(gpu_exec *x) {
   free(x->ep_all);
   free(x->view);
   free(x->stack_of);
-  free(x->store_q);
   gpu_free(x->rt->g, x->tokens);
   gpu_free(x->rt->g, x->labels);
   free(x->param_index);

@@ -45,9 +45,6 @@ int gpu_exec_fp8_sites(const gpu_exec *x);
 /* How many expert-weight stacks of x's graph are kept as FP8 squares that AdamW writes (the
  * weight-tile recipe on cuBLASLt; MOEC_SQUARES=0: none). */
 int gpu_exec_squares(const gpu_exec *x);
-/* How many FP8 grouped_mlps quantize their saved gate_up in their act quantize's kernel
- * (MOEC_ACT_STORE=0: none). */
-int gpu_exec_act_stores(const gpu_exec *x);
 /* For tests: each stack kept as squares and fresh compared, byte for byte, with the quantize of
  * its weights as they are now; the number checked, or -1 (err says which differed). Syncs. */
 int gpu_exec_check_squares(gpu_exec *x, char *err, size_t errlen);

@@ -145,7 +145,7 @@ static const struct {
     {CG_FAM_OPTIM, "sumsq_partial", 1},       {CG_FAM_OPTIM, "sumsq_table", 1},
     {CG_FAM_OPTIM, "grad_norm_final", 0},     {CG_FAM_MXFP8, "mxfp8_quantize", 1},
     {CG_FAM_MXFP8, "mxfp8_quantize_cols", 1}, {CG_FAM_MXFP8, "mxfp8_quantize_act", 1},
-    {CG_FAM_MXFP8, "mxfp8_quantize_act_store", 1}, {CG_FAM_MXFP8, "mxfp8_dequantize", 1}, {CG_FAM_MXFP8, "mxfp8_qdq", 2},
+    {CG_FAM_MXFP8, "mxfp8_dequantize", 1}, {CG_FAM_MXFP8, "mxfp8_qdq", 2},
     {CG_FAM_MXFP8, "mxfp8_qdq_last", 2},       {CG_FAM_MXFP8, "mxfp8_quantize_cols_experts", 1},
     {CG_FAM_MXFP8, "mxfp8_scales_vec128", 0}, {CG_FAM_MXFP8, "mxfp8_quantize_tiles", 1},
     {CG_FAM_MXFP8, "adamw_squares", 2},       /* gradient, moments */
@@ -157,7 +157,7 @@ static const struct {
     {CG_FAM_GROUPED, "ggemm_rows", 3},        {CG_FAM_GROUPED, "ggemm_wgrad", 3},
     {CG_FAM_NARROW, "narrow_n_8", 0},         {CG_FAM_NARROW, "narrow_n_16", 0},
     {CG_FAM_NARROW, "narrow_tn_partial_8", 0}, {CG_FAM_NARROW, "narrow_tn_partial_16", 0},
-    {CG_FAM_NARROW, "narrow_k", 0},           {CG_FAM_NARROW, "narrow_tn_final", 0},
+    {CG_FAM_NARROW, "narrow_tn_final", 0},
 };
 
 static rt_cuda_kernel_ref refs[512];

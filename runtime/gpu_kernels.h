@@ -111,10 +111,10 @@ int rt_cuda_aux_loss_share_bwd(rt_cuda *k, gpu_ptr logits, gpu_ptr counts, gpu_p
 int rt_cuda_z_loss_fwd(rt_cuda *k, gpu_ptr logits, gpu_ptr loss, int64_t T, int64_t E, float coef);
 int rt_cuda_z_loss_bwd(rt_cuda *k, gpu_ptr logits, gpu_ptr dloss, gpu_ptr dlogits, int64_t T, int64_t E, float coef);
 
-/* ---- narrow f32 GEMMs (the router's, and any f32 GEMM with a side of at most CG_NARROW):
+/* ---- narrow f32 GEMMs (the router's, and any f32 GEMM of at most CG_NARROW columns):
  * c (m, n; rows ldc apart) = op(a) (m, k) . op(b) (k, n), op(a)[i, p] = ta ? a[p lda + i] :
- * a[i lda + p], op(b) likewise with tb. rt_cuda_narrow_ok says which sizes they take (k or n
- * at most CG_NARROW, within their grids and scratch); sums in a fixed order (repeatable), not
+ * a[i lda + p], op(b) likewise with tb. rt_cuda_narrow_ok says which sizes they take (n at most
+ * CG_NARROW, k within the partial sums' scratch); sums in a fixed order (repeatable), not
  * cuBLAS's. */
 int rt_cuda_narrow_ok(int64_t m, int64_t n, int64_t k);
 int rt_cuda_narrow_gemm(rt_cuda *k, int64_t m, int64_t n, int64_t kk, gpu_ptr a, int64_t lda, int ta, gpu_ptr b,
@@ -269,10 +269,6 @@ int rt_cuda_mxfp8_quantize_win(rt_cuda *k, cg_dtype t, gpu_ptr x, int64_t ldx, i
  * (act never in memory): the same q and scale bit for bit. */
 int rt_cuda_mxfp8_quantize_act(rt_cuda *k, cg_dtype t, gpu_ptr gu, int64_t ldg, gpu_ptr probs, int64_t S, int64_t F,
                                int64_t block, int share128, gpu_ptr q, gpu_ptr scale);
-/* The same, and gate_up's own quantize (rt_cuda_mxfp8_quantize_win of its (S, 2F) window, the
- * same block and share128) into qs (S, 2F) and ss (S, 2F/block) in the same kernel. */
-int rt_cuda_mxfp8_quantize_act_store(rt_cuda *k, cg_dtype t, gpu_ptr gu, int64_t ldg, gpu_ptr probs, int64_t S, int64_t F,
-                                     int64_t block, int share128, gpu_ptr q, gpu_ptr scale, gpu_ptr qs, gpu_ptr ss);
 /* The column-wise copy: quantizes x^T, i.e. qt (cols, rows), scale_t (cols, rows/block). */
 int rt_cuda_mxfp8_quantize_cols(rt_cuda *k, cg_dtype t, gpu_ptr x /* (rows, cols) */, int64_t rows, int64_t cols,
                                 int64_t block, int share128, gpu_ptr qt, gpu_ptr scale_t);

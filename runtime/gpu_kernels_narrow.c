@@ -5,26 +5,18 @@
 
 #define ARGS(...) ((void *[]){__VA_ARGS__})
 
-enum { NK_ROWS = 32, NKK_ROWS = 64, NT_ROWS = 128 }; /* cg_narrow.c's block shapes */
+enum { NK_ROWS = 32, NT_ROWS = 128 }; /* cg_narrow.c's block shapes */
 
-/* Grid y holds narrow_k's row blocks and the partial sums (at most 65,535); past NT_MAX_K rows
- * of reduction the partials' scratch (k / NT_ROWS x m x n floats) would be a large share of
- * the operand, so those go to cuBLASLt. */
+/* Past NT_MAX_K rows of reduction the partial sums' scratch (k / NT_ROWS x m x n floats) would
+ * be a large share of the operand (and grid y holds them): those go to cuBLASLt. */
 enum { NT_MAX_K = NT_ROWS * 1024 };
-int rt_cuda_narrow_ok(int64_t m, int64_t n, int64_t k) {
-  if (m <= 0 || n <= 0 || k <= 0) return 0;
-  if (k <= CG_NARROW) return m <= (int64_t)NKK_ROWS * 65535;
-  return n <= CG_NARROW && k <= NT_MAX_K;
-}
+int rt_cuda_narrow_ok(int64_t m, int64_t n, int64_t k) { return m > 0 && n > 0 && k > 0 && n <= CG_NARROW && k <= NT_MAX_K; }
 
 int rt_cuda_narrow_gemm(rt_cuda *k, int64_t m, int64_t n, int64_t kk, gpu_ptr a, int64_t lda, int ta, gpu_ptr b,
                         int64_t ldb, int tb, gpu_ptr c, int64_t ldc) {
   if (!rt_cuda_narrow_ok(m, n, kk))
-    return rtk_fail(k, "narrow gemm: %lld x %lld x %lld has no side of at most %d (or is too large for its grid)", (long long)m,
+    return rtk_fail(k, "narrow gemm: %lld x %lld x %lld: n is not at most %d, or k is past the partial sums' scratch", (long long)m,
                     (long long)n, (long long)kk, CG_NARROW);
-  if (kk <= CG_NARROW) /* an outer product of at most CG_NARROW terms a value */
-    return rtk_launch(k, CG_FAM_NARROW, NULL, "moec_narrow_k", rtk_blocks(n, CG_NT_EW), rtk_blocks(m, NKK_ROWS), CG_NT_EW,
-                      ARGS(&a, &lda, &ta, &b, &ldb, &tb, &c, &ldc, &m, &n, &kk));
   const char *w = n <= 8 ? "8" : "16";
   char name[64];
   if (!ta) {

@@ -1,7 +1,7 @@
 /* test_gpu_narrow.c -- the narrow f32 GEMMs (rt_cuda_narrow_gemm: the router's logits and
  * their gradients) against the product in double, on fresh random inputs (MOEC_TEST_SEED
- * repeats a run): every kernel (n <= 8 and <= 16 rows, k <= 16 outer products, the reduction
- * over a long k with its partial sums), both operand layouts, padded rows, an unaligned
+ * repeats a run): every kernel (n <= 8 and <= 16 columns, the reduction over a long k with its
+ * partial sums), both operand layouts, padded rows, an unaligned
  * operand (the scalar path), k past one staged chunk and not a multiple of 4. Tolerance per
  * value: 2e-5 of sum |a b| (f32 sums of at most a few hundred terms in a chain; a term lost
  * or doubled is 1 / k of it on average, 2e-4 at k = 5000). Skips where there is no CUDA driver or GPU;
@@ -65,22 +65,22 @@ int main(void) {
   const narrow_case cases[] = {
       /* the router at a small genos_1b: logits, their input gradient, the gate's gradient */
       {1000, 8, 1024, 0, 0, 0, 0, "logits x . gate (narrow_n, 8)"},
-      {1000, 1024, 8, 0, 1, 0, 0, "dx = dlogits . gate^T (narrow_k)"},
       {1024, 8, 3000, 1, 0, 0, 0, "dgate = x^T . dlogits (partials + their sum)"},
       /* shapes and layouts around them */
       {77, 13, 300, 0, 0, 3, 0, "n 13 (narrow_n, 16), k past a chunk, padded rows"},
       {77, 5, 37, 0, 1, 0, 1, "k 37, B^T, unaligned A (the scalar path)"},
       {130, 16, 516, 0, 1, 4, 0, "n 16, B^T, padded rows"},
-      {33, 300, 16, 1, 0, 2, 0, "k 16, A^T (narrow_k)"},
+      {33, 12, 16, 1, 0, 2, 0, "k 16, A^T, padded rows"},
       {5, 7, 3, 1, 1, 0, 1, "k 3, both transposed, unaligned A"},
       {300, 13, 129, 1, 1, 1, 0, "A^T and B^T, n 13, k one past a partial sum"},
       {1, 8, 5000, 1, 0, 0, 0, "one row of C, k 5000"},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run_case(&cases[i]);
-  /* no narrow side: refused with the sizes named, nothing launched */
-  CHECK(!rt_cuda_narrow_ok(64, 17, 17) && rt_cuda_narrow_ok(64, 16, 1000) && rt_cuda_narrow_ok(64, 1000, 16) &&
-            !rt_cuda_narrow_ok(64, 8, (int64_t)1 << 20) && !rt_cuda_narrow_ok((int64_t)1 << 23, 64, 8),
-        "rt_cuda_narrow_ok: no narrow side, or past the grids and the partials' scratch, must go to cuBLASLt");
+  /* too wide: refused with the sizes named, nothing launched */
+  CHECK(!rt_cuda_narrow_ok(64, 17, 17) && rt_cuda_narrow_ok(64, 16, 1000) && !rt_cuda_narrow_ok(8192, 1024, 8) &&
+            !rt_cuda_narrow_ok(64, 8, (int64_t)1 << 20),
+        "rt_cuda_narrow_ok: more than 16 columns (the router's dx among them: cuBLASLt is faster there), or k past "
+        "the partials' scratch, must go to cuBLASLt");
   CHECK(rt_cuda_narrow_gemm(K, 64, 17, 17, 0, 17, 0, 0, 17, 0, 0, 17) != 0 && strstr(rt_cuda_error(K), "17 x 17"),
         "a 64 x 17 x 17 product was not refused: %s", rt_cuda_error(K));
   printf("  64 x 17 x 17 refused: %s\n", rt_cuda_error(K));
