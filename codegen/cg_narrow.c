@@ -12,7 +12,7 @@
 static const char *const src =
     "// Narrow f32 GEMMs (cg_narrow.c). op(A)[i, p] = ta ? a[p lda + i] : a[i lda + p], op(B)\n"
     "// likewise with tb; C rows ldc apart. fmaf throughout (NVRTC's --fmad=false leaves it fused).\n"
-    "// NWT, the kernels' template parameter: their most columns, 8 or 16 (NARROW)\n"
+    "// NWT, the kernels' template parameter: their most columns, 8 or 16 (cg_kernels.h's CG_NARROW)\n"
     "constexpr int NK_ROWS = 32;   // narrow_n: rows a block (8 warps, 4 rows a warp)\n"
     "constexpr int NK_CHUNK = 256; // narrow_n: K staged a chunk at a time (NK_CHUNK x NWT floats)\n"
     "constexpr int NT_ROWS = 128;  // narrow_tn: K rows a partial sum\n"
@@ -132,7 +132,6 @@ static const char *const src =
 
 void cg_emit_narrow(cg_buf *b, const cg_variant *v, int emu) {
   (void)v;
-  cg_printf(b, "enum { NARROW = %d };\n", CG_NARROW);
   cg_puts(b, src);
   const char *kv[9];
   cg_dtype_kv(kv, CG_DT_F32, CG_DT_F32);
