@@ -60,11 +60,13 @@ typedef struct {
 
 static void pass(const bufs *u, int dt, int kind, const int64_t *cnt, int64_t K, int64_t N) {
   int64_t off = 0;
-  if (dt == 2) { /* one launch: fwd (m_e, N, K), dgrad (m_e, K, N), wgrad (K, N, tokens) */
-    int rc = kind == 0   ? gpu_wgmma_fp8_rows(WG, dcounts[routing_now], E, S, N, K, u->a, u->sa, u->b, u->sb, CG_DT_BF16,
-                                              u->c, N, err, sizeof err)
-             : kind == 1 ? gpu_wgmma_fp8_rows(WG, dcounts[routing_now], E, S, K, N, u->a, u->sa, u->b, u->sb, CG_DT_BF16,
-                                              u->c, K, err, sizeof err)
+  if (dt == 2 || dt == 4) { /* one launch: fwd (m_e, N, K), dgrad (m_e, K, N), wgrad (K, N, tokens);
+                               4: the weights' scales as squares (u->sb read as their table) */
+    const gpu_ptr sq = dt == 4 ? u->sb : 0;
+    int rc = kind == 0   ? gpu_wgmma_fp8_rows(WG, dcounts[routing_now], E, S, N, K, u->a, u->sa, u->b, u->sb, sq,
+                                              CG_DT_BF16, u->c, N, err, sizeof err)
+             : kind == 1 ? gpu_wgmma_fp8_rows(WG, dcounts[routing_now], E, S, K, N, u->a, u->sa, u->b, u->sb, sq,
+                                              CG_DT_BF16, u->c, K, err, sizeof err)
                          : gpu_wgmma_fp8_wgrad(WG, dcounts[routing_now], E, S, K, N, S + E * 128, u->a, u->sa, u->b, u->sb,
                                                CG_DT_BF16, u->c, err, sizeof err);
     if (rc != 0) die("wgmma fp8 gemm");
@@ -136,16 +138,17 @@ int main(int argc, char **argv) {
     dcounts[r] = dalloc(sizeof c32);
     if (gpu_upload(G, dcounts[r], c32, sizeof c32) != 0) die("upload");
   }
-  static const char *const kinds[3] = {"fwd", "dgrad", "wgrad"}, *const dts[4] = {"bf16", "fp8", "fp8_wgmma", "fp8_blk"};
+  static const char *const kinds[3] = {"fwd", "dgrad", "wgrad"}, *const dts[5] = {"bf16", "fp8", "fp8_wgmma", "fp8_blk",
+                                                                                                     "fp8_wgmma_blk"};
   for (size_t mi = 0; mi < sizeof models / sizeof models[0]; mi++)
     for (int w = 0; w < 2; w++) { /* gate_up, down */
       int64_t K = w == 0 ? models[mi].hidden : models[mi].ffn, N = w == 0 ? 2 * models[mi].ffn : models[mi].hidden;
       for (int r = 0; r < 2; r++)
         for (int kind = 0; kind < 3; kind++)
-          for (int dt = 0; dt < 4; dt++) {
-            /* fp8_blk: the weight's scales in 128 x 128 blocks, fwd and dgrad only (wgrad's
-               operands are both activations) */
-            if ((dt == 2 && !WG) || (dt == 3 && kind == 2)) continue;
+          for (int dt = 0; dt < 5; dt++) {
+            /* fp8_blk, fp8_wgmma_blk: the weight's scales in 128 x 128 blocks, fwd and dgrad
+               only (wgrad's operands are both activations) */
+            if (((dt == 2 || dt == 4) && !WG) || ((dt == 3 || dt == 4) && kind == 2)) continue;
             routing_now = r;
             double ms = time_ms(&u, dt, kind, routings[r], K, N, reps);
             printf("{\"model\":\"%s\",\"weight\":\"%s\",\"K\":%lld,\"N\":%lld,\"routing\":\"%s\",\"pass\":\"%s\","

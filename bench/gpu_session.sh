@@ -33,6 +33,11 @@
 #            (MOEC_GEMM_STREAMS; default 1), reusing fp8tile's peer                                  [100 s each]
 #   fp8tilenw  fp8tile with MOEC_NARROW_GEMM=0 (the router's f32 GEMMs on cuBLASLt, not the
 #            narrow kernels), reusing fp8tile's peer                                    [150 s]
+#   ncuwg    Nsight Compute over the wgmma kernel in bench_grouped_gemm: genos_1b's gate_up
+#            forward with vec128 weight scales, then with squares (MOEC_WGMMA_VARIANT)  [150 s]
+#   fp8tilewg  fp8tile with the FP8 expert GEMMs on the wgmma kernel (MOEC_FP8_GEMM=wgmma,
+#            MOEC_WGMMA_VARIANT picks its variant), reading the weights' squares, reusing
+#            fp8tile's peer                                                              [150 s]
 #   fp8tilecp  fp8tile with MOEC_SQUARES=0 (the expert weights kept as bf16 copies and quantized
 #            each step instead of AdamW writing their squares), reusing fp8tile's peer   [100 s]
 #   fp8tilembcp  fp8tilemb with MOEC_SQUARES=0 (bf16 moments, the copies quantized each step) [100 s]
@@ -181,6 +186,9 @@ for part in "${parts[@]}"; do
   fp8tilembcp)
     peer_from "$L/fp8tile" "$L/$part"
     bench LOGDIR=$L/$part PEER_SKIP=1 MOEC_SQUARES=0 PRECISION='mxfp8(block=128,weight_tile=128)' MOEC_ARGS="$FUSED_MX --set moments=bf16" timeout 150 bash bench/run_bench.sh genos_1b ;;
+  fp8tilewg)
+    peer_from "$L/fp8tile" "$L/$part"
+    bench LOGDIR=$L/$part PEER_SKIP=1 MOEC_FP8_GEMM=wgmma PRECISION='mxfp8(block=128,weight_tile=128)' MOEC_ARGS=$FUSED_MX timeout 150 bash bench/run_bench.sh genos_1b ;;
   fp8tilenw)
     peer_from "$L/fp8tile" "$L/$part"
     bench LOGDIR=$L/$part PEER_SKIP=1 MOEC_NARROW_GEMM=0 PRECISION='mxfp8(block=128,weight_tile=128)' MOEC_ARGS=$FUSED_MX timeout 150 bash bench/run_bench.sh genos_1b ;;
@@ -229,6 +237,7 @@ for part in "${parts[@]}"; do
     python3 bench/ncu_sum.py "$L/$part.csv" $step_ms ;;
   ncukern) ncu_sections 120 'mlp_bwd_split|mxfp8_quantize_act' 8 ;;
   ncuadamw) ncu_sections 150 'adamw_squares' 4 ;;
+  ncuwg) ncu_sections 150 'wg_fp8' 8 ;; # genos_1b gate_up forward, balanced: vec128 scales (4 launches), then squares (4)
   kbench)
     timeout 60 "$C/bench_grouped_gemm" 3 2>&1 | grep '"kernel"\|"quantize"' ;;
   ggemm)

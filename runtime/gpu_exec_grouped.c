@@ -301,7 +301,7 @@ static int fp8_gemm_rows(gx *x, int id, int vc, int64_t E, int64_t S, int64_t N_
   char e_[512];
   int rc;
   if (x->wgmma) {
-    rc = gpu_wgmma_fp8_rows(x->wgmma, x->val[vc].p, E, S, N_, K, qa, sa, qb, sb, tc, c, ldc, e_, sizeof e_);
+    rc = gpu_wgmma_fp8_rows(x->wgmma, x->val[vc].p, E, S, N_, K, qa, sa, qb, sb, sq, tc, c, ldc, e_, sizeof e_);
   } else {
     const int32_t *cnt = host_counts(x, id, vc, S);
     if (!cnt) return -1;

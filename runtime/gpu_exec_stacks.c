@@ -81,7 +81,7 @@ int squares_adamw(gx *x, int id, cg_dtype gt, const rt_cuda_adamw_hp *hp, gpu_pt
 }
 
 /* Whether stack id (VIEW_STACKED) can be kept as squares (dev_stack.squares): the weight-tile
- * recipe on cuBLASLt, every reader a weight quantize in squares that writes its packed form
+ * recipe (cuBLASLt's block mode, or the wgmma kernel's squares), every reader a weight quantize in squares that writes its packed form
  * only, whole squares in every part. MOEC_SQUARES=0 keeps bf16 copies (for side-by-side
  * timing). On the H200 a genos_1b gate_up stack's step: squares 0.54 ms against 0.62 for
  * AdamW + copies + the two quantizes (f32 moments); with bf16 moments 0.44 against 0.46 for
@@ -90,8 +90,7 @@ static int squares_ok(gx *x, int id) {
   const char *env = getenv("MOEC_SQUARES");
   const ir_node *st = N(id);
   const int64_t E = st->type.dims[0];
-  if ((env && strcmp(env, "0") == 0) || x->wgmma ||
-      st->type.dims[1] % 128 || st->n_in % E)
+  if ((env && strcmp(env, "0") == 0) || st->type.dims[1] % 128 || st->n_in % E)
     return 0;
   for (int j = 0; j < st->n_in; j += (int)E)
     if (COLS(st->in[j]) % 128) return 0;

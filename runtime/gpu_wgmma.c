@@ -42,10 +42,11 @@ static const char body[] =
     "// One launch's problem. mode 0 (rows): group e has counts[e] rows of A and C, K fixed;\n"
     "// mode 1 (wgrad): group e has M rows, K = its counts padded to 128 (gpu_wgmma.h); its A and B\n"
     "// are (M, K) and (N, K) blocks one after another (ld 0), or columns Poff_e.. of one (M, ld)\n"
-    "// and one (N, ld) matrix.\n"
+    "// and one (N, ld) matrix. sq (rows mode, or NULL): B's scales as squares, one per 128 x 128 of\n"
+    "// each weight (E, N/128, ldk = K/128 rounded up to 4), in place of sb.\n"
     "struct wg_args {\n"
     "  const u8 *a; const float *sa; const u8 *b; const float *sb; void *c;\n"
-    "  const int *counts;\n"
+    "  const int *counts; const float *sq;\n"
     "  i64 K, M, N, ldc, ld, S; // S: the rows the counts split\n"
     "  int E, mode, c_f32;\n"
     "};\n"
@@ -168,7 +169,7 @@ static const char body[] =
     "\n"
     "// Tile t's group and its operands.\n"
     "struct wg_group {\n"
-    "  const u8 *a, *b; const float *sa, *sb;\n"
+    "  const u8 *a, *b; const float *sa, *sb; // with squares sb is the tile's own: chunk kc's at sb[kc]\n"
     "  i64 m, k, lda, sa_ld, sb_ld, c_off, m0, n0;\n"
     "  int ax, ay, bx, by; // the tile's TMA coordinates at chunk 0: A (K byte, row), B (K byte, row)\n"
     "  int e;\n"
@@ -184,6 +185,10 @@ static const char body[] =
     "    g.m = tb.cnt[e], g.k = p.K, g.lda = p.K;\n"
     "    g.a = p.a + tb.pa[e] * p.K, g.sa = p.sa + tb.ps[e], g.sa_ld = (g.m + 15) / 16 * 16;\n"
     "    g.b = p.b + (i64)e * p.N * p.K, g.sb = p.sb + (i64)e * wsb, g.sb_ld = (p.N + 15) / 16 * 16;\n"
+    "    if (p.sq) {\n"
+    "      const i64 ldk = (p.K / 128 + 3) / 4 * 4;\n"
+    "      g.sb = p.sq + ((i64)e * (p.N / 128) + g.n0 / 128) * ldk, g.sb_ld = 1;\n"
+    "    }\n"
     "    g.c_off = tb.pa[e] * p.ldc;\n"
     "    g.ax = 0, g.ay = (int)(tb.pa[e] + g.m0), g.bx = 0, g.by = (int)(e * p.N + g.n0);\n"
     "  } else {\n"
@@ -213,6 +218,18 @@ static const char body[] =
     "    acc[4 * j + 1] += tmp[4 * j + 1] * (s0 * b1);\n"
     "    acc[4 * j + 2] += tmp[4 * j + 2] * (s1 * b0);\n"
     "    acc[4 * j + 3] += tmp[4 * j + 3] * (s1 * b1);\n"
+    "  }\n"
+    "}\n"
+    "\n"
+    "// The same with the chunk's one B scale of a square: one FMA an accumulator.\n"
+    "__device__ __forceinline__ void wg_promote_sq(float *acc, const float *tmp, const float *SA, float sb, int r) {\n"
+    "  const float s0 = SA[r] * sb, s1 = SA[r + 8] * sb;\n"
+    "#pragma unroll\n"
+    "  for (int j = 0; j < 16; j++) {\n"
+    "    acc[4 * j] += tmp[4 * j] * s0;\n"
+    "    acc[4 * j + 1] += tmp[4 * j + 1] * s0;\n"
+    "    acc[4 * j + 2] += tmp[4 * j + 2] * s1;\n"
+    "    acc[4 * j + 3] += tmp[4 * j + 3] * s1;\n"
     "  }\n"
     "}\n"
     "\n"
@@ -282,7 +299,7 @@ static const char body[] =
     "        const bool ok = n0 + rr < p.N;\n"
     "        cp16(smem_u32(st + A_BYTES + rr * 128 + ((c ^ (rr & 7)) << 4)), ok ? (const void *)(gb + rr * lda + c * 16) : (const void *)p.b, ok ? 16 : 0);\n"
     "      }\n"
-    "      for (int q = tid; q < (BM + BN) / 4; q += T) {\n"
+    "      for (int q = tid; q < (p.sq ? BM : BM + BN) / 4; q += T) { // squares: A's scales only\n"
     "        const bool isa = q < BM / 4;\n"
     "        const i64 i = isa ? m0 + 4 * q : n0 + 4 * (q - BM / 4);\n"
     "        const bool ok = isa ? i < g.m : i < p.N;\n"
@@ -305,8 +322,10 @@ static const char body[] =
     "      if (kc + ST - 1 < nk) load((kc + ST - 1) % ST, kc + ST - 1);\n"
     "      cp_commit();\n"
     "      const u8 *st = smem + (kc % ST) * STAGE;\n"
+    "      const float sbq = p.sq ? __ldg(g.sb + kc) : 0.f;\n"
     "      wg_chunk(tmp, st + wg * 64 * 128, st + A_BYTES);\n"
-    "      wg_promote(acc, tmp, (const float *)(st + A_BYTES + B_BYTES), (const float *)(st + A_BYTES + B_BYTES) + BM, r, lane);\n"
+    "      if (p.sq) wg_promote_sq(acc, tmp, (const float *)(st + A_BYTES + B_BYTES), sbq, r);\n"
+    "      else wg_promote(acc, tmp, (const float *)(st + A_BYTES + B_BYTES), (const float *)(st + A_BYTES + B_BYTES) + BM, r, lane);\n"
     "    }\n"
     "    cp_wait<0>();\n"
     "    __syncthreads(); // the next tile's loads reuse the stages\n"
@@ -349,7 +368,7 @@ static const char body[] =
     "        wg_group g = wg_resolve(p, tb, t, UNIT, BN, tiles_n);\n"
     "        g.m0 += rank * BM, g.ay += rank * BM;\n"
     "        const u32 sa_bytes = g.m0 < g.sa_ld ? (u32)min((i64)BM, g.sa_ld - g.m0) * 4 : 0;\n"
-    "        const u32 sb_bytes = (u32)min((i64)BN, g.sb_ld - g.n0) * 4;\n"
+    "        const u32 sb_bytes = p.sq ? 0 : (u32)min((i64)BN, g.sb_ld - g.n0) * 4; // squares: the math warps read theirs\n"
     "        for (int kc = 0; kc < (int)(g.k / 128); kc++) {\n"
     "          u8 *st = smem + s * STAGE;\n"
     "          const u32 bar = smem_u32(&full[s]);\n"
@@ -362,7 +381,7 @@ static const char body[] =
     "          else\n"
     "            tma_load_2d(smem_u32(st + A_BYTES), &tbm, g.bx + kc * 128, g.by, bar);\n"
     "          if (sa_bytes) bulk_load(smem_u32(st + A_BYTES + B_BYTES), g.sa + kc * g.sa_ld + g.m0, sa_bytes, bar);\n"
-    "          bulk_load(smem_u32(st + A_BYTES + B_BYTES + 512), g.sb + kc * g.sb_ld + g.n0, sb_bytes, bar);\n"
+    "          if (sb_bytes) bulk_load(smem_u32(st + A_BYTES + B_BYTES + 512), g.sb + kc * g.sb_ld + g.n0, sb_bytes, bar);\n"
     "          if (++s == ST) s = 0, ph ^= 1;\n"
     "        }\n"
     "      }\n"
@@ -380,9 +399,11 @@ static const char body[] =
     "      for (int i = 0; i < 64; i++) acc[i] = 0.f, tmp[i] = 0.f;\n"
     "      for (int kc = 0; kc < (int)(g.k / 128); kc++) {\n"
     "        const u8 *st = smem + s * STAGE;\n"
+    "        const float sbq = p.sq ? __ldg(g.sb + kc) : 0.f; // in flight across the wait and the wgmmas\n"
     "        mbar_wait(smem_u32(&full[s]), ph);\n"
     "        wg_chunk(tmp, st + wg * 64 * 128, st + A_BYTES);\n"
-    "        wg_promote(acc, tmp, (const float *)(st + A_BYTES + B_BYTES), (const float *)(st + A_BYTES + B_BYTES + 512), r, lane);\n"
+    "        if (p.sq) wg_promote_sq(acc, tmp, (const float *)(st + A_BYTES + B_BYTES), sbq, r);\n"
+    "        else wg_promote(acc, tmp, (const float *)(st + A_BYTES + B_BYTES), (const float *)(st + A_BYTES + B_BYTES + 512), r, lane);\n"
     "        __syncwarp();\n"
     "        if (lane == 0) { // this warp is done with stage s (in both blocks' eyes)\n"
     "          if (MC) {\n"
@@ -474,7 +495,7 @@ struct gpu_wgmma {
 
 /* the kernel's parameter block, laid out as struct wg_args in the source */
 typedef struct {
-  gpu_ptr a, sa, b, sb, c, counts;
+  gpu_ptr a, sa, b, sb, c, counts, sq;
   int64_t K, M, N, ldc, ld, S;
   int32_t E, mode, c_f32, pad_;
 } wg_args;
@@ -572,13 +593,13 @@ static int check_dims(const char *what, int64_t x, int64_t mult, char *err, size
 }
 
 int gpu_wgmma_fp8_rows(gpu_wgmma *w, gpu_ptr counts, int64_t E, int64_t S, int64_t N, int64_t K, gpu_ptr qa,
-                       gpu_ptr sa, gpu_ptr qb, gpu_ptr sb, cg_dtype tc, gpu_ptr c, int64_t ldc, char *err,
+                       gpu_ptr sa, gpu_ptr qb, gpu_ptr sb, gpu_ptr sq, cg_dtype tc, gpu_ptr c, int64_t ldc, char *err,
                        size_t errlen) {
-  if (check_dims("K", K, 128, err, errlen) || check_dims("N", N, 16, err, errlen) ||
+  if (check_dims("K", K, 128, err, errlen) || check_dims(sq ? "N (weights as squares)" : "N", N, sq ? 128 : 16, err, errlen) ||
       check_dims("ldc", ldc, 2, err, errlen))
     return -1;
   if (S == 0) return 0;
-  wg_args a = {qa, sa, qb, sb, c, counts, K, 0, N, ldc, 0, S, (int32_t)E, 0, tc == CG_DT_F32, 0};
+  wg_args a = {qa, sa, qb, sq ? 0 : sb, c, counts, sq, K, 0, N, ldc, 0, S, (int32_t)E, 0, tc == CG_DT_F32, 0};
   const int v = w->variant;
   const int64_t bm = 64 * variants[v].wg * (variants[v].tma == 2 ? 2 : 1), tiles = (S / bm + E) * ((N + 127) / 128);
   if (!variants[v].tma) {
@@ -602,7 +623,7 @@ int gpu_wgmma_fp8_wgrad(gpu_wgmma *w, gpu_ptr counts, int64_t E, int64_t S, int6
   if (check_dims("M", M, 16, err, errlen) || check_dims("N", N, 16, err, errlen) ||
       (ld && check_dims("ld", ld, 128, err, errlen)))
     return -1;
-  wg_args a = {qa, sa, qb, sb, c, counts, 0, M, N, N, ld, S, (int32_t)E, 1, tc == CG_DT_F32, 0};
+  wg_args a = {qa, sa, qb, sb, c, counts, 0, 0, M, N, N, ld, S, (int32_t)E, 1, tc == CG_DT_F32, 0};
   const int v = variants[w->variant].tma && !ld ? w->cp_variant : w->variant;
   const int64_t bm = 64 * variants[v].wg * (variants[v].tma == 2 ? 2 : 1), tiles = E * ((M + bm - 1) / bm) * ((N + 127) / 128);
   if (!variants[v].tma) {

@@ -55,9 +55,12 @@ int gpu_wgmma_n_variants(void);
 
 /* rows mode; counts i32 (E) on the device summing to S (the rows of A and C; counts past S are
  * cut there, so a corrupt count never reads or writes out of bounds). tc: bf16 or f32. K a
- * multiple of 128, N of 16. 0, or -1 with the reason. */
+ * multiple of 128, N of 16. sq, or 0: B's scales as squares (the weight-tile recipe), one per
+ * 128 x 128 of each weight, rt_cuda_tile_blk_floats(N, K) an expert laid out as
+ * rt_cuda_mxfp8_quantize_tiles writes them (N then a multiple of 128; sb unused): the
+ * promotion is then one FMA an accumulator. 0, or -1 with the reason. */
 int gpu_wgmma_fp8_rows(gpu_wgmma *w, gpu_ptr counts, int64_t E, int64_t S, int64_t N, int64_t K, gpu_ptr qa,
-                       gpu_ptr sa, gpu_ptr qb, gpu_ptr sb, cg_dtype tc, gpu_ptr c, int64_t ldc, char *err,
+                       gpu_ptr sa, gpu_ptr qb, gpu_ptr sb, gpu_ptr sq, cg_dtype tc, gpu_ptr c, int64_t ldc, char *err,
                        size_t errlen);
 /* wgrad mode; M and N multiples of 16. ld 0: A_e and B_e are (M, P_e) and (N, P_e) blocks one
  * after another (at M Poff_e and N Poff_e); ld > 0 (a multiple of 128, at least the sum of the

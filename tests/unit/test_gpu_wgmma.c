@@ -5,7 +5,8 @@
  * padded to 128; M = 144, N = 272; the experts' blocks one after another, and columns of one
  * matrix). Scale slots the kernel must not use (row padding) hold NaN,
  * and C is prefilled with NaN: every output element must be written (an expert without tokens
- * gets zeros in wgrad) and nothing past the experts' rows. The cuBLASLt path
+ * gets zeros in wgrad) and nothing past the experts' rows. The rows mode also runs with the
+ * weights' scales as 128 x 128 squares (N = 256), the vec128 scales then NaN. The cuBLASLt path
  * (gpu_fp8_grouped_gemm) runs on the same operands for comparison.
  * Tolerance: |got - want| <= 2^-8 sum_k |a_k b_k| sa sb (+ bf16 rounding), i.e. relative
  * to the sum of absolute products: Hopper's FP8 tensor-core sums keep about 14 bits within a
@@ -66,12 +67,15 @@ static void fill_nan(gpu_ptr p, int64_t n, cg_dtype t) {
   else CHECK(gpu_memset32(G, p, 0x7fc07fc0u, (size_t)n / 2) == 0, "memset");
 }
 
-static void test_rows(int variant, cg_dtype tc) {
+/* squares 1: B's scales one per 128 x 128 of each weight (the weight-tile recipe; N two
+ * squares wide, K's three chunks padded to the layout's 4 with NaN), the vec128 scales NaN */
+static void test_rows(int variant, cg_dtype tc, int squares) {
   enum { E = 5 };
   const int32_t counts[E] = {37, 0, 200, 129, 64};
-  const int64_t K = 384, N = 144, KB = K / 128, S = 430, SLACK = 16;
-  printf("wgmma fp8 rows mode, variant %d, C %s: experts 37, 0, 200, 129, 64 rows, K %lld, N %lld\n", variant,
-         cg_dtype_name(tc), (long long)K, (long long)N);
+  const int64_t K = 384, N = squares ? 256 : 144, KB = K / 128, S = 430, SLACK = 16, LDK = (KB + 3) / 4 * 4,
+                SEG = N / 128 * LDK;
+  printf("wgmma fp8 rows mode, variant %d, C %s: experts 37, 0, 200, 129, 64 rows, K %lld, N %lld%s\n", variant,
+         cg_dtype_name(tc), (long long)K, (long long)N, squares ? ", weights' scales as squares" : "");
   uint8_t *a = malloc((size_t)((S + SLACK) * K)), *b = malloc((size_t)(E * N * K));
   for (int64_t i = 0; i < (S + SLACK) * K; i++) a[i] = rnd_e4m3();
   for (int64_t i = 0; i < E * N * K; i++) b[i] = rnd_e4m3();
@@ -80,7 +84,13 @@ static void test_rows(int variant, cg_dtype tc) {
   const int64_t wsb = fp8_scale_floats(fp8_rows(N), K);
   float *sa = malloc((size_t)nsa * 4), *sb = malloc((size_t)(E * wsb) * 4);
   for (int64_t i = 0; i < nsa; i++) sa[i] = NAN; /* padding stays NaN: the kernel must not use it */
-  for (int64_t i = 0; i < E * wsb; i++) sb[i] = rnd_scale();
+  float *sq = malloc((size_t)(E * SEG) * 4);
+  for (int64_t i = 0; i < E * wsb; i++) sb[i] = squares ? NAN : rnd_scale();
+  for (int64_t i = 0; i < E * SEG; i++) sq[i] = i % LDK < KB ? rnd_scale() : NAN;
+  if (squares) /* the reference reads each column's scale: its square's */
+    for (int e = 0; e < E; e++)
+      for (int64_t kc = 0; kc < KB; kc++)
+        for (int64_t j = 0; j < N; j++) sb[e * wsb + kc * N + j] = sq[e * SEG + j / 128 * LDK + kc];
   int64_t so = 0, r0 = 0;
   double *want = dalloc(S * N), *bound = dalloc(S * N);
   for (int e = 0; e < E; e++) {
@@ -90,13 +100,15 @@ static void test_rows(int variant, cg_dtype tc) {
     ref_gemm(a + r0 * K, K, sa + so, ld, b + e * N * K, K, sb + e * wsb, N, m, N, K, want + r0 * N, bound + r0 * N, N);
     so += fp8_scale_floats(ld, K), r0 += m;
   }
+  if (squares) /* the kernel reads the squares; the vec128 scales are NaN again */
+    for (int64_t i = 0; i < E * wsb; i++) sb[i] = NAN;
   gpu_ptr da = up_raw(a, (size_t)((S + SLACK) * K)), db = up_raw(b, (size_t)(E * N * K)),
           dsa = up_raw(sa, (size_t)nsa * 4), dsb = up_raw(sb, (size_t)(E * wsb) * 4), dc_ = up_raw(counts, sizeof counts),
-          dcm = dmalloc((size_t)((S + SLACK) * N) * dts(tc));
+          dcm = dmalloc((size_t)((S + SLACK) * N) * dts(tc)), dsq = squares ? up_raw(sq, (size_t)(E * SEG) * 4) : 0;
   fill_nan(dcm, (S + SLACK) * N, tc);
   char err[1024];
   gpu_wgmma_set_variant(W, variant);
-  CHECK(gpu_wgmma_fp8_rows(W, dc_, E, S, N, K, da, dsa, db, dsb, tc, dcm, N, err, sizeof err) == 0, "%s", err);
+  CHECK(gpu_wgmma_fp8_rows(W, dc_, E, S, N, K, da, dsa, db, dsb, dsq, tc, dcm, N, err, sizeof err) == 0, "%s", err);
   float *got = falloc((S + SLACK) * N);
   get_f(got, dcm, (S + SLACK) * N, tc);
   double worst = 0;
@@ -112,7 +124,7 @@ static void test_rows(int variant, cg_dtype tc) {
     big[E - 1] += 100;
     gpu_ptr dbig = up_raw(big, sizeof big);
     fill_nan(dcm, (S + SLACK) * N, tc);
-    CHECK(gpu_wgmma_fp8_rows(W, dbig, E, S, N, K, da, dsa, db, dsb, tc, dcm, N, err, sizeof err) == 0, "%s", err);
+    CHECK(gpu_wgmma_fp8_rows(W, dbig, E, S, N, K, da, dsa, db, dsb, dsq, tc, dcm, N, err, sizeof err) == 0, "%s", err);
     float *g2 = falloc((S + SLACK) * N);
     get_f(g2, dcm, (S + SLACK) * N, tc);
     int64_t past = 0, differ = 0;
@@ -127,7 +139,7 @@ static void test_rows(int variant, cg_dtype tc) {
     float *cub = falloc((S + SLACK) * N);
     int32_t hc[E];
     memcpy(hc, counts, sizeof hc);
-    CHECK(gpu_fp8_grouped_gemm(BL, hc, E, N, K, da, dsa, db, dsb, 0, tc, dcm, N, err, sizeof err) == 0, "%s", err);
+    CHECK(gpu_fp8_grouped_gemm(BL, hc, E, N, K, da, dsa, db, dsb, dsq, tc, dcm, N, err, sizeof err) == 0, "%s", err);
     get_f(cub, dcm, S * N, tc);
     double w2 = 0;
     int64_t bad2 = count_bad(cub, want, bound, S * N, tc, &w2);
@@ -135,7 +147,7 @@ static void test_rows(int variant, cg_dtype tc) {
            (long long)bad2);
     free(cub);
   }
-  free(a), free(b), free(sa), free(sb), free(want), free(bound), free(got);
+  free(a), free(b), free(sa), free(sb), free(sq), free(want), free(bound), free(got);
   dfree_all();
 }
 
@@ -213,7 +225,8 @@ int main(void) {
     if (!BL) printf("  (no cuBLASLt for the comparison: %s)\n", err);
     for (int v = 0; v < gpu_wgmma_n_variants(); v++)
       for (int t = 0; t < CG_DT_COUNT; t++) {
-        test_rows(v, (cg_dtype)t);
+        test_rows(v, (cg_dtype)t, 0);
+        test_rows(v, (cg_dtype)t, 1);
         test_wgrad(v, (cg_dtype)t, 0);
         test_wgrad(v, (cg_dtype)t, 1);
       }
