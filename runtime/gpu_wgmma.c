@@ -334,7 +334,7 @@ static const char body[] =
     "}\n"
     "\n"
     "// TMA version (rows mode, and wgrad on one (M, ld) matrix): warps 0-7 are two math\n"
-    "// warpgroups (rows 0-63, 64-127 of a 128 x 128 tile), each on its own schedule; warp 8 is the\n"
+    "// warpgroups (rows 0-63, 64-127 of a 128 x BN tile), each on its own schedule; warp 8 is the\n"
     "// producer: one thread issues every stage's TMA loads (A and B tiles, already swizzled) and\n"
     "// bulk copies (the scales), ST stages deep; empty[s] counts the math warps done with stage s.\n"
     "// MC 1: clusters of two blocks take two vertically adjacent tiles (same expert, same columns),\n"
@@ -342,10 +342,15 @@ static const char body[] =
     "// the shared B tile, which the TMA writes into both blocks; a stage is refilled once the math\n"
     "// warps of both blocks released it. A block whose tile lies past its expert's rows computes\n"
     "// it anyway (the pair shares the loads) and stores nothing.\n"
-    "template <int ST, int MC>\n"
+    "// NH 2 (wide): 128 x 256 tiles, a quarter less L2 traffic a FLOP than 128 x 128; each math\n"
+    "// warpgroup does the chunk's two 128-column halves one after the other into one scratch\n"
+    "// accumulator (128 result + 64 scratch floats a thread), with the registers of a whole\n"
+    "// producer warpgroup (warps 8-11) handed to them by setmaxnreg (56 / 224 a thread: without spills, where 40 / 232 spilled the producer).\n"
+    "template <int ST, int MC, int NH>\n"
     "__device__ __forceinline__ void wg_fp8_tma(const tmap_t &ta, const tmap_t &tbm, const wg_args &p) {\n"
-    "  constexpr int BM = 128, BN = 128, A_BYTES = BM * 128, B_BYTES = BN * 128, STAGE = A_BYTES + B_BYTES + 1024;\n"
+    "  constexpr int BM = 128, BN = 128 * NH, A_BYTES = BM * 128, B_BYTES = BN * 128, STAGE = A_BYTES + B_BYTES + 1024 * NH;\n"
     "  constexpr int UNIT = BM * (1 + MC); // rows a cluster takes\n"
+    "  static_assert(MC == 0 || NH == 1, \"the multicast variant has 128-column tiles\");\n"
     "  extern __shared__ u8 smem_raw[];\n"
     "  u8 *smem = (u8 *)(((size_t)smem_raw + 1023) & ~(size_t)1023);\n"
     "  __shared__ wg_table tb;\n"
@@ -360,8 +365,11 @@ static const char body[] =
     "  __syncthreads();\n"
     "  if (MC) cluster_sync(); // the peer's barriers exist before anything reaches them\n"
     "  const int total = tb.t0[p.E], first = blockIdx.x >> MC, step = gridDim.x >> MC;\n"
-    "  if (warp == 8) { // producer\n"
-    "    if (lane == 0) {\n"
+    "  // squares: a tile's second half reads the next square along N (ldk floats on)\n"
+    "  const i64 sq_next = (p.K / 128 + 3) / 4 * 4;\n"
+    "  if (warp >= 8) { // producer\n"
+    "    if (NH == 2) asm volatile(\"setmaxnreg.dec.sync.aligned.u32 56;\\n\" ::: \"memory\");\n"
+    "    if (warp == 8 && lane == 0) {\n"
     "      int s = 0;\n"
     "      u32 ph = 0;\n"
     "      for (int t = first; t < total; t += step) {\n"
@@ -388,22 +396,33 @@ static const char body[] =
     "    }\n"
     "    __syncwarp();\n"
     "  } else {\n"
+    "    if (NH == 2) asm volatile(\"setmaxnreg.inc.sync.aligned.u32 224;\\n\" ::: \"memory\");\n"
     "    const int wg = warp / 4, r = wg * 64 + (warp % 4) * 16 + lane / 4;\n"
     "    int s = 0;\n"
     "    u32 ph = 0;\n"
     "    for (int t = first; t < total; t += step) {\n"
     "      wg_group g = wg_resolve(p, tb, t, UNIT, BN, tiles_n);\n"
     "      g.m0 += rank * BM;\n"
-    "      float acc[64], tmp[64];\n"
+    "      const int halves = NH == 2 && g.n0 + 128 < p.N ? 2 : 1; // a last tile of 128 columns or fewer: one\n"
+    "      float acc[64 * NH], tmp[64];\n"
     "#pragma unroll\n"
-    "      for (int i = 0; i < 64; i++) acc[i] = 0.f, tmp[i] = 0.f;\n"
+    "      for (int i = 0; i < 64 * NH; i++) acc[i] = 0.f;\n"
+    "#pragma unroll\n"
+    "      for (int i = 0; i < 64; i++) tmp[i] = 0.f;\n"
     "      for (int kc = 0; kc < (int)(g.k / 128); kc++) {\n"
     "        const u8 *st = smem + s * STAGE;\n"
-    "        const float sbq = p.sq ? __ldg(g.sb + kc) : 0.f; // in flight across the wait and the wgmmas\n"
+    "        float sbq[NH]; // squares: in flight across the wait and the wgmmas\n"
+    "#pragma unroll\n"
+    "        for (int h = 0; h < NH; h++) sbq[h] = p.sq && h < halves ? __ldg(g.sb + h * sq_next + kc) : 0.f;\n"
     "        mbar_wait(smem_u32(&full[s]), ph);\n"
-    "        wg_chunk(tmp, st + wg * 64 * 128, st + A_BYTES);\n"
-    "        if (p.sq) wg_promote_sq(acc, tmp, (const float *)(st + A_BYTES + B_BYTES), sbq, r);\n"
-    "        else wg_promote(acc, tmp, (const float *)(st + A_BYTES + B_BYTES), (const float *)(st + A_BYTES + B_BYTES + 512), r, lane);\n"
+    "        const float *SA = (const float *)(st + A_BYTES + B_BYTES), *SB = (const float *)(st + A_BYTES + B_BYTES + 512);\n"
+    "#pragma unroll\n"
+    "        for (int h = 0; h < NH; h++) {\n"
+    "          if (h >= halves) break;\n"
+    "          wg_chunk(tmp, st + wg * 64 * 128, st + A_BYTES + h * 128 * 128);\n"
+    "          if (p.sq) wg_promote_sq(acc + 64 * h, tmp, SA, sbq[h], r);\n"
+    "          else wg_promote(acc + 64 * h, tmp, SA, SB + 128 * h, r, lane);\n"
+    "        }\n"
     "        __syncwarp();\n"
     "        if (lane == 0) { // this warp is done with stage s (in both blocks' eyes)\n"
     "          if (MC) {\n"
@@ -415,7 +434,12 @@ static const char body[] =
     "        }\n"
     "        if (++s == ST) s = 0, ph ^= 1;\n"
     "      }\n"
-    "      wg_store(p, g, acc, r, lane);\n"
+    "#pragma unroll\n"
+    "      for (int h = 0; h < NH; h++) {\n"
+    "        wg_group gh = g;\n"
+    "        gh.n0 += 128 * h;\n"
+    "        if (h < halves) wg_store(p, gh, acc + 64 * h, r, lane);\n"
+    "      }\n"
     "    }\n"
     "  }\n"
     "  if (MC) cluster_sync(); // no block leaves while the other may still signal its barriers\n"
@@ -423,7 +447,8 @@ static const char body[] =
 
 static const struct {
   int tma, wg, st; /* tma: 0 cp.async, 1 TMA + producer warp, 2 that with B tiles multicast to a
-                      2-block cluster (TMA ones: wgrad on blocks runs the first cp.async variant) */
+                      2-block cluster, 3 TMA with 128 x 256 tiles and a producer warpgroup (TMA
+                      ones: wgrad on blocks runs the first cp.async variant) */
 } variants[] = {
 #define V(t, w, s) {t, w, s},
     GPU_WGMMA_VARIANTS(V)
@@ -435,13 +460,17 @@ int gpu_wgmma_n_variants(void) { return N_VARIANTS; }
 
 /* dynamic shared memory of a variant (mirrors STAGE in the source, + 1 KiB for alignment) */
 static unsigned variant_smem(int v) {
-  int bm = 64 * variants[v].wg, bn = 128;
-  int stage = variants[v].tma ? bm * 128 + bn * 128 + 1024 : (bm * 128 + bn * 128 + (bm + bn) * 4 + 1023) / 1024 * 1024;
+  int bm = 64 * variants[v].wg, bn = variants[v].tma == 3 ? 256 : 128;
+  int stage = variants[v].tma ? bm * 128 + bn * 128 + 1024 * (bn / 128) : (bm * 128 + bn * 128 + (bm + bn) * 4 + 1023) / 1024 * 1024;
   return (unsigned)(stage * variants[v].st + 1024);
 }
-static unsigned variant_threads(int v) { return 128u * (unsigned)variants[v].wg + (variants[v].tma ? 32u : 0u); }
+static unsigned variant_threads(int v) {
+  return 128u * (unsigned)variants[v].wg + (variants[v].tma == 3 ? 128u : variants[v].tma ? 32u : 0u);
+}
+static int variant_bn(int v) { return variants[v].tma == 3 ? 256 : 128; }
 static void variant_name(int v, char *name, size_t len) {
-  if (variants[v].tma == 2) snprintf(name, len, "wg_fp8_mc_s%d", variants[v].st);
+  if (variants[v].tma == 3) snprintf(name, len, "wg_fp8_wide_s%d", variants[v].st);
+  else if (variants[v].tma == 2) snprintf(name, len, "wg_fp8_mc_s%d", variants[v].st);
   else if (variants[v].tma) snprintf(name, len, "wg_fp8_tma_s%d", variants[v].st);
   else snprintf(name, len, "wg_fp8_w%d_s%d", variants[v].wg, variants[v].st);
 }
@@ -474,9 +503,9 @@ const char *gpu_wgmma_source(void) {
     if (variants[v].tma)
       snprintf(line, sizeof line,
                "extern \"C\" __global__ void %s__launch_bounds__(%u, 1) %s(const __grid_constant__ tmap_t ta, "
-               "const __grid_constant__ tmap_t tb, const wg_args p) { wg_fp8_tma<%d, %d>(ta, tb, p); }\n",
+               "const __grid_constant__ tmap_t tb, const wg_args p) { wg_fp8_tma<%d, %d, %d>(ta, tb, p); }\n",
                variants[v].tma == 2 ? "__cluster_dims__(2, 1, 1) " : "", variant_threads(v), name, variants[v].st,
-               variants[v].tma == 2);
+               variants[v].tma == 2, variant_bn(v) / 128);
     else
       snprintf(line, sizeof line, "extern \"C\" __global__ void __launch_bounds__(%u, 1) %s(const wg_args p) { wg_fp8_gemm<%d, %d>(p); }\n",
                variant_threads(v), name, variants[v].wg, variants[v].st);
@@ -601,16 +630,18 @@ int gpu_wgmma_fp8_rows(gpu_wgmma *w, gpu_ptr counts, int64_t E, int64_t S, int64
   if (S == 0) return 0;
   wg_args a = {qa, sa, qb, sq ? 0 : sb, c, counts, sq, K, 0, N, ldc, 0, S, (int32_t)E, 0, tc == CG_DT_F32, 0};
   const int v = w->variant;
-  const int64_t bm = 64 * variants[v].wg * (variants[v].tma == 2 ? 2 : 1), tiles = (S / bm + E) * ((N + 127) / 128);
+  const int64_t bm = 64 * variants[v].wg * (variants[v].tma == 2 ? 2 : 1), bn = variant_bn(v),
+                tiles = (S / bm + E) * ((N + bn - 1) / bn);
   if (!variants[v].tma) {
     void *args[] = {&a};
     return launch(w, v, args, tiles, (int)E, err, errlen);
   }
   /* TMA boxes of 128 bytes of K by 128 rows: A (S, K) (rows past S read as zeros), B (E N, K)
-     (by 64 rows, a half tile, for the multicast variant) */
+     (by 64 rows, a half tile, for the multicast variant; 256 for the wide one) */
   _Alignas(64) unsigned char ta[128], tb[128];
   if (gpu_tensor_map_u8_2d(w->g, ta, qa, (uint64_t)S, (uint64_t)K, 128, 128) != 0 ||
-      gpu_tensor_map_u8_2d(w->g, tb, qb, (uint64_t)(E * N), (uint64_t)K, 128, variants[v].tma == 2 ? 64 : 128) != 0) {
+      gpu_tensor_map_u8_2d(w->g, tb, qb, (uint64_t)(E * N), (uint64_t)K, 128,
+                           variants[v].tma == 2 ? 64 : (unsigned)variant_bn(v)) != 0) {
     snprintf(err, errlen, "wgmma grouped GEMM: %s", gpu_error(w->g));
     return -1;
   }
@@ -625,14 +656,16 @@ int gpu_wgmma_fp8_wgrad(gpu_wgmma *w, gpu_ptr counts, int64_t E, int64_t S, int6
     return -1;
   wg_args a = {qa, sa, qb, sb, c, counts, 0, 0, M, N, N, ld, S, (int32_t)E, 1, tc == CG_DT_F32, 0};
   const int v = variants[w->variant].tma && !ld ? w->cp_variant : w->variant;
-  const int64_t bm = 64 * variants[v].wg * (variants[v].tma == 2 ? 2 : 1), tiles = E * ((M + bm - 1) / bm) * ((N + 127) / 128);
+  const int64_t bm = 64 * variants[v].wg * (variants[v].tma == 2 ? 2 : 1), bn = variant_bn(v),
+                tiles = E * ((M + bm - 1) / bm) * ((N + bn - 1) / bn);
   if (!variants[v].tma) {
     void *args[] = {&a};
     return launch(w, v, args, tiles, (int)E, err, errlen);
   }
   _Alignas(64) unsigned char ta[128], tb[128];
   if (gpu_tensor_map_u8_2d(w->g, ta, qa, (uint64_t)M, (uint64_t)ld, 128, 128) != 0 ||
-      gpu_tensor_map_u8_2d(w->g, tb, qb, (uint64_t)N, (uint64_t)ld, 128, variants[v].tma == 2 ? 64 : 128) != 0) {
+      gpu_tensor_map_u8_2d(w->g, tb, qb, (uint64_t)N, (uint64_t)ld, 128,
+                           variants[v].tma == 2 ? 64 : (unsigned)variant_bn(v)) != 0) {
     snprintf(err, errlen, "wgmma grouped GEMM: %s", gpu_error(w->g));
     return -1;
   }
