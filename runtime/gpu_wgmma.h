@@ -17,10 +17,11 @@
  * Unlike cuBLASLt's path, C is written only for the expert's own rows (no 16-row slack).
  *
  * The kernel (gpu_wgmma.c): a persistent grid walks tiles of BM x BN outputs (BM = 64 per
- * warpgroup, BN = 128) across experts; K streams through shared memory in 128-byte chunks
- * (one scale block), ST stages, by TMA or cp.async, in wgmma's 128-byte-swizzled K-major form;
- * each chunk is four m64n128k32 wgmmas into a fresh accumulator, which is then scaled by its
- * rows' and columns' scales and added to the f32 result (the promotion every 128 of K that
+ * warpgroup, BN = 128, or 256 in the wide variant) across experts; K streams through shared
+ * memory in 128-byte chunks (one scale block), ST stages, by TMA or cp.async, in wgmma's
+ * 128-byte-swizzled K-major form; each chunk is four m64n128k32 wgmmas (a 128-column half) into
+ * a fresh accumulator, which is then scaled by its rows' and columns' scales (or its square's
+ * one) and added to the f32 result (the promotion every 128 of K that
  * DESIGN.md asks of FP8 on Hopper, since its FP8 tensor-core sums keep fewer bits than f32). */
 #ifndef MOEC_GPU_WGMMA_H
 #define MOEC_GPU_WGMMA_H
