@@ -53,7 +53,8 @@ static gpu_ptr dalloc(size_t bytes) {
   return p;
 }
 
-/* One pass over all experts; dt: 0 bf16, 1 fp8. kind: 0 fwd (m_e, N, K), 1 dgrad (m_e, K, N),
+/* One pass over all experts; dt: 0 bf16, 1 fp8, 2 fp8 wgmma, 3 fp8 with squares, 4 fp8 wgmma
+ * with squares. kind: 0 fwd (m_e, N, K), 1 dgrad (m_e, K, N),
  * 2 wgrad (K, N, m_e). Buffers are big enough for any expert; offsets follow the routing. */
 typedef struct {
   gpu_ptr a, b, c, sa, sb;

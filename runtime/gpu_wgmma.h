@@ -62,7 +62,7 @@ int gpu_wgmma_n_variants(void);
  * multiple of 128, N of 16. sq, or 0: B's scales as squares (the weight-tile recipe), one per
  * 128 x 128 of each weight, rt_cuda_tile_blk_floats(N, K) an expert laid out as
  * rt_cuda_mxfp8_quantize_tiles writes them (N then a multiple of 128; sb unused): the
- * promotion is then one FMA an accumulator. 0, or -1 with the reason. */
+ * promotion is then one scale product an accumulator. 0, or -1 with the reason. */
 int gpu_wgmma_fp8_rows(gpu_wgmma *w, gpu_ptr counts, int64_t E, int64_t S, int64_t N, int64_t K, gpu_ptr qa,
                        gpu_ptr sa, gpu_ptr qb, gpu_ptr sb, gpu_ptr sq, cg_dtype tc, gpu_ptr c, int64_t ldc, char *err,
                        size_t errlen);
