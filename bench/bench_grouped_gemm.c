@@ -8,6 +8,7 @@
  * experts, counts read on the device) on the same operands, where the GPU is sm_90.
  * "fp8_blk" is cuBLASLt's FP8 with the weight's scales one per 128 x 128 block (the
  * DeepSeek-style weight recipe, gpu_gemm_fp8_blocks), fwd and dgrad only: is it faster?
+ * "fp8_wgmma_blk" is the wgmma kernel reading the same squares (MOEC_WGMMA_VARIANT: which).
  * Prints one JSON line per case: GEMM time only (operands already quantized; the quantize
  * kernels are timed on their own in the "quantize" lines). TFLOP/s = 2 sum_e m_e K N / time.
  * bench/grouped_gemm.sh runs it next to torch._grouped_mm and prints the ratios.
@@ -52,7 +53,8 @@ static gpu_ptr dalloc(size_t bytes) {
   return p;
 }
 
-/* One pass over all experts; dt: 0 bf16, 1 fp8. kind: 0 fwd (m_e, N, K), 1 dgrad (m_e, K, N),
+/* One pass over all experts; dt: 0 bf16, 1 fp8, 2 fp8 wgmma, 3 fp8 with squares, 4 fp8 wgmma
+ * with squares. kind: 0 fwd (m_e, N, K), 1 dgrad (m_e, K, N),
  * 2 wgrad (K, N, m_e). Buffers are big enough for any expert; offsets follow the routing. */
 typedef struct {
   gpu_ptr a, b, c, sa, sb;

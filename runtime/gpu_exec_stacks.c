@@ -81,8 +81,8 @@ int squares_adamw(gx *x, int id, cg_dtype gt, const rt_cuda_adamw_hp *hp, gpu_pt
 }
 
 /* Whether stack id (VIEW_STACKED) can be kept as squares (dev_stack.squares): the weight-tile
- * recipe (cuBLASLt's block mode, or the wgmma kernel's squares), every reader a weight quantize in squares that writes its packed form
- * only, whole squares in every part. MOEC_SQUARES=0 keeps bf16 copies (for side-by-side
+ * recipe (cuBLASLt's block mode, or the wgmma kernel's squares), every reader a weight
+ * quantize in squares that writes its packed form only, whole squares in every part. MOEC_SQUARES=0 keeps bf16 copies (for side-by-side
  * timing). On the H200 a genos_1b gate_up stack's step: squares 0.54 ms against 0.62 for
  * AdamW + copies + the two quantizes (f32 moments); with bf16 moments 0.44 against 0.46 for
  * AdamW alone + the two quantizes (the copies' own write not counted). */

@@ -17,10 +17,11 @@
  * Unlike cuBLASLt's path, C is written only for the expert's own rows (no 16-row slack).
  *
  * The kernel (gpu_wgmma.c): a persistent grid walks tiles of BM x BN outputs (BM = 64 per
- * warpgroup, BN = 128) across experts; K streams through shared memory in 128-byte chunks
- * (one scale block), ST stages, by TMA or cp.async, in wgmma's 128-byte-swizzled K-major form;
- * each chunk is four m64n128k32 wgmmas into a fresh accumulator, which is then scaled by its
- * rows' and columns' scales and added to the f32 result (the promotion every 128 of K that
+ * warpgroup, BN = 128, or 256 in the wide variant) across experts; K streams through shared
+ * memory in 128-byte chunks (one scale block), ST stages, by TMA or cp.async, in wgmma's
+ * 128-byte-swizzled K-major form; each chunk is four m64n128k32 wgmmas (a 128-column half) into
+ * a fresh accumulator, which is then scaled by its rows' and columns' scales (or its square's
+ * one) and added to the f32 result (the promotion every 128 of K that
  * DESIGN.md asks of FP8 on Hopper, since its FP8 tensor-core sums keep fewer bits than f32). */
 #ifndef MOEC_GPU_WGMMA_H
 #define MOEC_GPU_WGMMA_H
@@ -62,7 +63,7 @@ int gpu_wgmma_n_variants(void);
  * multiple of 128, N of 16. sq, or 0: B's scales as squares (the weight-tile recipe), one per
  * 128 x 128 of each weight, rt_cuda_tile_blk_floats(N, K) an expert laid out as
  * rt_cuda_mxfp8_quantize_tiles writes them (N then a multiple of 128; sb unused): the
- * promotion is then one FMA an accumulator. 0, or -1 with the reason. */
+ * promotion is then one scale product an accumulator. 0, or -1 with the reason. */
 int gpu_wgmma_fp8_rows(gpu_wgmma *w, gpu_ptr counts, int64_t E, int64_t S, int64_t N, int64_t K, gpu_ptr qa,
                        gpu_ptr sa, gpu_ptr qb, gpu_ptr sb, gpu_ptr sq, cg_dtype tc, gpu_ptr c, int64_t ldc, char *err,
                        size_t errlen);

@@ -6,7 +6,7 @@
  * matrix). Scale slots the kernel must not use (row padding) hold NaN,
  * and C is prefilled with NaN: every output element must be written (an expert without tokens
  * gets zeros in wgrad) and nothing past the experts' rows. The rows mode also runs with the
- * weights' scales as 128 x 128 squares (N = 256), the vec128 scales then NaN. The cuBLASLt path
+ * weights' scales as 128 x 128 squares (N = 256; the squares' padding NaN). The cuBLASLt path
  * (gpu_fp8_grouped_gemm) runs on the same operands for comparison.
  * Tolerance: |got - want| <= 2^-8 sum_k |a_k b_k| sa sb (+ bf16 rounding), i.e. relative
  * to the sum of absolute products: Hopper's FP8 tensor-core sums keep about 14 bits within a
@@ -68,7 +68,8 @@ static void fill_nan(gpu_ptr p, int64_t n, cg_dtype t) {
 }
 
 /* squares 1: B's scales one per 128 x 128 of each weight (the weight-tile recipe; N two
- * squares wide, K's three chunks padded to the layout's 4 with NaN), the vec128 scales NaN */
+ * squares wide, K's three chunks padded to the layout's 4 with NaN); the vec128 table, NaN,
+ * goes unused (gpu_wgmma_fp8_rows passes the kernel no sb with squares) */
 static void test_rows(int variant, cg_dtype tc, int squares) {
   enum { E = 5 };
   const int32_t counts[E] = {37, 0, 200, 129, 64};
