@@ -36,7 +36,9 @@ static void append(char **s, size_t *len, size_t *cap, const char *t) {
  * thread (65,536 / 384 rounded down to 8), 64,512 for the block; the math warpgroups' increase
  * waits for registers the producer's decrease returns, so a split past that total never
  * proceeds (48 / 232 hung the kernel until its barrier wait trapped, on the H200). 40 / 232 is
- * where ptxas spills the least (none in variant 4, 20 bytes in variant 5's epilogue). */
+ * where ptxas spills the least (none in variant 4, 20 bytes in variant 5's epilogue).
+ * gpu_wgmma_new checks the loaded kernels' register count (and 384 threads) and leaves a wide
+ * variant unavailable where it differs. */
 enum { WIDE_PRODUCER_REGS = 40, WIDE_MATH_REGS = 232, WIDE_LAUNCH_REGS = 65536 / 384 / 8 * 8 };
 _Static_assert(WIDE_MATH_REGS * 256 + WIDE_PRODUCER_REGS * 128 <= WIDE_LAUNCH_REGS * 384,
                "the wide variant's setmaxnreg split exceeds the block's registers");
@@ -628,6 +630,14 @@ gpu_wgmma *gpu_wgmma_new(gpu_ctx *g, const char *arch, const char *cache_dir, ch
     if (rc == 0 && (int)smem > optin) {
       w->fn[v] = NULL; /* does not fit this device */
       continue;
+    }
+    if (rc == 0 && variants[v].tma >= 3) { /* setmaxnreg: the split assumes the launch's registers */
+      int regs = 0;
+      rc = gpu_function_regs(g, w->fn[v], &regs);
+      if (rc == 0 && (regs != WIDE_LAUNCH_REGS || variant_threads(v) != 384)) {
+        w->fn[v] = NULL; /* the producer's decrease would not cover the math warps' increase: a hang */
+        continue;
+      }
     }
     if (rc == 0) rc = gpu_set_max_smem(g, w->fn[v], (int)smem);
     /* blocks an SM: shared memory (plus the group table's ~3 KiB and 1 KiB the system keeps

@@ -54,7 +54,9 @@ const char *gpu_wgmma_source(void);
  * cannot target sm_90a): the caller keeps cuBLASLt. NULL with a message on a real failure. */
 gpu_wgmma *gpu_wgmma_new(gpu_ctx *g, const char *arch, const char *cache_dir, char *err, size_t errlen);
 void gpu_wgmma_free(gpu_wgmma *w);
-/* Which variant runs (index into GPU_WGMMA_VARIANTS; MOEC_WGMMA_VARIANT sets the default). */
+/* Which variant runs (index into GPU_WGMMA_VARIANTS; MOEC_WGMMA_VARIANT sets the default); one
+ * that this device cannot run (shared memory, or a wide variant not compiled to the registers
+ * its setmaxnreg split assumes) falls back to variant 0. */
 void gpu_wgmma_set_variant(gpu_wgmma *w, int v);
 int gpu_wgmma_n_variants(void);
 
