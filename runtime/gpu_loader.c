@@ -43,7 +43,7 @@ enum { /* CUdevice_attribute */
   CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID = 50,
 };
 enum { CU_STREAM_NON_BLOCKING = 0x1, CU_EVENT_DEFAULT = 0x0 };
-enum { CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8 };
+enum { CU_FUNC_ATTRIBUTE_NUM_REGS = 4, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8 };
 
 /* X(field, symbol, fallback symbol or NULL, return, parameters) */
 #define GPU_DRIVER_FUNCS(X)                                                                   \
@@ -81,6 +81,7 @@ enum { CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8 };
   X(ModuleGetFunction, "cuModuleGetFunction", NULL, CUresult,                                \
     (CUfunction *, CUmodule, const char *))                                                  \
   X(FuncSetAttribute, "cuFuncSetAttribute", NULL, CUresult, (CUfunction, int, int))          \
+  X(FuncGetAttribute, "cuFuncGetAttribute", NULL, CUresult, (int *, int, CUfunction))        \
   X(LaunchKernel, "cuLaunchKernel", NULL, CUresult,                                          \
     (CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,       \
      CUstream, void **, void **))                                                            \
@@ -571,6 +572,11 @@ int gpu_tensor_map_u8_2d(gpu_ctx *g, void *map, gpu_ptr base, uint64_t rows, uin
   /* CU_TENSOR_MAP_DATA_TYPE_UINT8 0, INTERLEAVE_NONE 0, SWIZZLE_128B 3, L2_PROMOTION_L2_256B 3, FLOAT_OOB_FILL_NONE 0 */
   CALL(g, tensor_map_encode_tiled(map, 0, 2, (void *)(uintptr_t)base, dims, strides, box, elem_strides, 0, 3, 3, 0),
        "cuTensorMapEncodeTiled");
+  return 0;
+}
+
+int gpu_function_regs(gpu_ctx *g, void *fn, int *regs) {
+  CALL(g, cu.FuncGetAttribute(regs, CU_FUNC_ATTRIBUTE_NUM_REGS, fn), "cuFuncGetAttribute");
   return 0;
 }
 

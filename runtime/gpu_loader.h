@@ -123,6 +123,8 @@ int gpu_tensor_map_u8_2d(gpu_ctx *g, void *map, gpu_ptr base, uint64_t rows, uin
                          unsigned box_rows);
 /* Raises a kernel's dynamic shared memory limit (above 48 KiB needs this). */
 int gpu_set_max_smem(gpu_ctx *g, void *fn, int bytes);
+/* The registers a thread the loaded kernel fn was compiled to (what each launch reserves). */
+int gpu_function_regs(gpu_ctx *g, void *fn, int *regs);
 
 /* Timing with events on the stream: start, then stop returns the milliseconds between. */
 typedef struct {

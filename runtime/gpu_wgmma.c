@@ -35,9 +35,11 @@ static void append(char **s, size_t *len, size_t *cap, const char *t) {
 /* The wide variant's register split (setmaxnreg). A launch of 384 threads gets 168 registers a
  * thread (65,536 / 384 rounded down to 8), 64,512 for the block; the math warpgroups' increase
  * waits for registers the producer's decrease returns, so a split past that total never
- * proceeds (48 / 232 hung the kernel until its barrier wait trapped, on the H200). 56 / 224 is
- * the split ptxas compiles without spills. */
-enum { WIDE_PRODUCER_REGS = 56, WIDE_MATH_REGS = 224, WIDE_LAUNCH_REGS = 65536 / 384 / 8 * 8 };
+ * proceeds (48 / 232 hung the kernel until its barrier wait trapped, on the H200). 40 / 232 is
+ * where ptxas spills the least (none in variant 4, 20 bytes in variant 5's epilogue).
+ * gpu_wgmma_new checks the loaded kernels' register count (and 384 threads) and leaves a wide
+ * variant unavailable where it differs. */
+enum { WIDE_PRODUCER_REGS = 40, WIDE_MATH_REGS = 232, WIDE_LAUNCH_REGS = 65536 / 384 / 8 * 8 };
 _Static_assert(WIDE_MATH_REGS * 256 + WIDE_PRODUCER_REGS * 128 <= WIDE_LAUNCH_REGS * 384,
                "the wide variant's setmaxnreg split exceeds the block's registers");
 _Static_assert(WIDE_PRODUCER_REGS % 8 == 0 && WIDE_MATH_REGS % 8 == 0 && WIDE_PRODUCER_REGS >= 24 && WIDE_MATH_REGS <= 256,
@@ -225,23 +227,23 @@ static const char body[] =
     "  for (int j = 0; j < 16; j++) {\n"
     "    const int c = 8 * j + 2 * (lane % 4);\n"
     "    const float b0 = SB[c], b1 = SB[c + 1];\n"
-    "    acc[4 * j] += tmp[4 * j] * (s0 * b0);\n"
-    "    acc[4 * j + 1] += tmp[4 * j + 1] * (s0 * b1);\n"
-    "    acc[4 * j + 2] += tmp[4 * j + 2] * (s1 * b0);\n"
-    "    acc[4 * j + 3] += tmp[4 * j + 3] * (s1 * b1);\n"
+    "    acc[4 * j] = __fmaf_rn(tmp[4 * j], (s0 * b0), acc[4 * j]);\n"
+    "    acc[4 * j + 1] = __fmaf_rn(tmp[4 * j + 1], (s0 * b1), acc[4 * j + 1]);\n"
+    "    acc[4 * j + 2] = __fmaf_rn(tmp[4 * j + 2], (s1 * b0), acc[4 * j + 2]);\n"
+    "    acc[4 * j + 3] = __fmaf_rn(tmp[4 * j + 3], (s1 * b1), acc[4 * j + 3]);\n"
     "  }\n"
     "}\n"
     "\n"
-    "// The same with the chunk's one B scale of a square: a multiply and an add an accumulator\n"
-    "// (NVRTC compiles with --fmad=false; __fmaf_rn would fuse them: not yet tried on a GPU).\n"
+    "// The same with the chunk's one B scale of a square: one FMA an accumulator (__fmaf_rn:\n"
+    "// NVRTC compiles with --fmad=false, which would leave a multiply and an add).\n"
     "__device__ __forceinline__ void wg_promote_sq(float *acc, const float *tmp, const float *SA, float sb, int r) {\n"
     "  const float s0 = SA[r] * sb, s1 = SA[r + 8] * sb;\n"
     "#pragma unroll\n"
     "  for (int j = 0; j < 16; j++) {\n"
-    "    acc[4 * j] += tmp[4 * j] * s0;\n"
-    "    acc[4 * j + 1] += tmp[4 * j + 1] * s0;\n"
-    "    acc[4 * j + 2] += tmp[4 * j + 2] * s1;\n"
-    "    acc[4 * j + 3] += tmp[4 * j + 3] * s1;\n"
+    "    acc[4 * j] = __fmaf_rn(tmp[4 * j], s0, acc[4 * j]);\n"
+    "    acc[4 * j + 1] = __fmaf_rn(tmp[4 * j + 1], s0, acc[4 * j + 1]);\n"
+    "    acc[4 * j + 2] = __fmaf_rn(tmp[4 * j + 2], s1, acc[4 * j + 2]);\n"
+    "    acc[4 * j + 3] = __fmaf_rn(tmp[4 * j + 3], s1, acc[4 * j + 3]);\n"
     "  }\n"
     "}\n"
     "\n"
@@ -265,6 +267,42 @@ static const char body[] =
     "      }\n"
     "    }\n"
     "  }\n"
+    "}\n"
+    "\n"
+    "// A named barrier of one warpgroup's 128 threads: 1 or 2 (0 is __syncthreads')\n"
+    "__device__ __forceinline__ void wg_bar(int id) {\n"
+    "  if (id == 1) asm volatile(\"bar.sync 1, 128;\\n\" ::: \"memory\");\n"
+    "  else asm volatile(\"bar.sync 2, 128;\\n\" ::: \"memory\");\n"
+    "}\n"
+    "// The same through shared memory (the wide variant's EPI 1, bf16 C): the warpgroup's 64 rows\n"
+    "// x 256 columns go to buf (rows of 512 bytes padded to 528, so the 4-byte writes of a warp's 8\n"
+    "// rows x 4 lanes fall in 32 banks), then each warp copies whole rows out with 16-byte stores:\n"
+    "// 512 contiguous bytes an instruction instead of 16 bytes in each of 8 rows. bar: the\n"
+    "// warpgroup's named barrier. C's rows must be 16-byte aligned (the caller checks).\n"
+    "__device__ __forceinline__ void wg_store_staged(const wg_args &p, const wg_group &g, const float *acc, int halves, u8 *buf, int bar,\n"
+    "                                                int wg, int lane, int tid) {\n"
+    "  constexpr int LD = 528;\n"
+    "  const int rl = (tid / 32 % 4) * 16 + lane / 4, q = lane % 4, wtid = tid % 128; // this thread's rows rl, rl + 8\n"
+    "  const u32 base = smem_u32(buf) + rl * LD + 4 * q; // 32-bit shared addresses, constant offsets\n"
+    "#pragma unroll\n"
+    "  for (int h = 0; h < 2; h++) {\n"
+    "    if (h >= halves) break;\n"
+    "#pragma unroll\n"
+    "    for (int j = 0; j < 16; j++)\n"
+    "#pragma unroll\n"
+    "      for (int hh = 0; hh < 2; hh++)\n"
+    "        asm volatile(\"st.shared.u32 [%0], %1;\\n\" ::\"r\"(base + (u32)(8 * hh * LD + (128 * h + 8 * j) * 2)),\n"
+    "                     \"r\"(bf16_bits(acc[64 * h + 4 * j + 2 * hh]) | (bf16_bits(acc[64 * h + 4 * j + 2 * hh + 1]) << 16)) : \"memory\");\n"
+    "  }\n"
+    "  wg_bar(bar);\n"
+    "#pragma unroll 1\n"
+    "  for (int i = 0; i < 16; i++) { // 2048 chunks of 16 bytes (8 columns), a warp a row\n"
+    "    const int c = wtid + 128 * i, row = c / 32, col = (c % 32) * 8;\n"
+    "    const i64 grow = g.m0 + wg * 64 + row;\n"
+    "    if (grow < g.m && g.n0 + col < p.N)\n"
+    "      *(uint4 *)((u16 *)p.c + g.c_off + grow * p.ldc + g.n0 + col) = *(const uint4 *)(buf + row * LD + (c % 32) * 16);\n"
+    "  }\n"
+    "  wg_bar(bar); // buf is free again\n"
     "}\n"
     "\n"
     "// The four m64n128k32 wgmmas of one 128-byte K chunk, into a fresh tmp.\n"
@@ -359,9 +397,13 @@ static const char body[] =
     "// accumulator (128 result + 64 scratch floats a thread), with the registers of a whole\n"
     "// producer warpgroup (warps 8-11) handed to them by setmaxnreg (WG_PRODUCER_REGS and\n"
     "// WG_MATH_REGS a thread, which must fit in what the launch gave the block: gpu_wgmma.c).\n"
-    "template <int ST, int MC, int NH>\n"
+    "// EPI 1 (wide only): bf16 results leave through shared memory (wg_store_staged), 33 KiB a\n"
+    "// math warpgroup after the stages, where C allows 16-byte stores (p.c and ldc; else, and for\n"
+    "// f32, as EPI 0).\n"
+    "template <int ST, int MC, int NH, int EPI>\n"
     "__device__ __forceinline__ void wg_fp8_tma(const tmap_t &ta, const tmap_t &tbm, const wg_args &p) {\n"
     "  constexpr int BM = 128, BN = 128 * NH, A_BYTES = BM * 128, B_BYTES = BN * 128, STAGE = A_BYTES + B_BYTES + 1024 * NH;\n"
+    "  static_assert(EPI == 0 || NH == 2, \"the staged epilogue is the wide variant's\");\n"
     "  constexpr int UNIT = BM * (1 + MC); // rows a cluster takes\n"
     "  static_assert(MC == 0 || NH == 1, \"the multicast variant has 128-column tiles\");\n"
     "  extern __shared__ u8 smem_raw[];\n"
@@ -414,19 +456,25 @@ static const char body[] =
     "    int s = 0;\n"
     "    u32 ph = 0;\n"
     "    for (int t = first; t < total; t += step) {\n"
-    "      wg_group g = wg_resolve(p, tb, t, UNIT, BN, tiles_n);\n"
-    "      g.m0 += rank * BM;\n"
-    "      const int halves = NH == 2 && g.n0 + 128 < p.N ? 2 : 1; // a last tile of 128 columns or fewer: one\n"
+    "      // the main loop keeps only what it reads (registers for the accumulators); the\n"
+    "      // epilogue resolves the tile again\n"
+    "      int nk, halves;\n"
+    "      const float *sbt;\n"
+    "      {\n"
+    "        const wg_group g = wg_resolve(p, tb, t, UNIT, BN, tiles_n);\n"
+    "        nk = (int)(g.k / 128), sbt = g.sb;\n"
+    "        halves = NH == 2 && g.n0 + 128 < p.N ? 2 : 1; // a last tile of 128 columns or fewer: one\n"
+    "      }\n"
     "      float acc[64 * NH], tmp[64];\n"
     "#pragma unroll\n"
     "      for (int i = 0; i < 64 * NH; i++) acc[i] = 0.f;\n"
     "#pragma unroll\n"
     "      for (int i = 0; i < 64; i++) tmp[i] = 0.f;\n"
-    "      for (int kc = 0; kc < (int)(g.k / 128); kc++) {\n"
+    "      for (int kc = 0; kc < nk; kc++) {\n"
     "        const u8 *st = smem + s * STAGE;\n"
     "        float sbq[NH]; // squares: in flight across the wait and the wgmmas\n"
     "#pragma unroll\n"
-    "        for (int h = 0; h < NH; h++) sbq[h] = p.sq && h < halves ? __ldg(g.sb + h * sq_next + kc) : 0.f;\n"
+    "        for (int h = 0; h < NH; h++) sbq[h] = p.sq && h < halves ? __ldg(sbt + h * sq_next + kc) : 0.f;\n"
     "        mbar_wait(smem_u32(&full[s]), ph);\n"
     "        const float *SA = (const float *)(st + A_BYTES + B_BYTES), *SB = (const float *)(st + A_BYTES + B_BYTES + 512);\n"
     "#pragma unroll\n"
@@ -447,11 +495,17 @@ static const char body[] =
     "        }\n"
     "        if (++s == ST) s = 0, ph ^= 1;\n"
     "      }\n"
+    "      wg_group g = wg_resolve(p, tb, t, UNIT, BN, tiles_n);\n"
+    "      g.m0 += rank * BM;\n"
+    "      if (EPI && !p.c_f32 && p.ldc % 8 == 0 && (size_t)p.c % 16 == 0) {\n"
+    "        wg_store_staged(p, g, acc, halves, smem + ST * STAGE + wg * 64 * 528, 1 + wg, wg, lane, tid);\n"
+    "      } else {\n"
     "#pragma unroll\n"
-    "      for (int h = 0; h < NH; h++) {\n"
-    "        wg_group gh = g;\n"
-    "        gh.n0 += 128 * h;\n"
-    "        if (h < halves) wg_store(p, gh, acc + 64 * h, r, lane);\n"
+    "        for (int h = 0; h < NH; h++) {\n"
+    "          wg_group gh = g;\n"
+    "          gh.n0 += 128 * h;\n"
+    "          if (h < halves) wg_store(p, gh, acc + 64 * h, r, lane);\n"
+    "        }\n"
     "      }\n"
     "    }\n"
     "  }\n"
@@ -460,8 +514,9 @@ static const char body[] =
 
 static const struct {
   int tma, wg, st; /* tma: 0 cp.async, 1 TMA + producer warp, 2 that with B tiles multicast to a
-                      2-block cluster, 3 TMA with 128 x 256 tiles and a producer warpgroup (TMA
-                      ones: wgrad on blocks runs the first cp.async variant) */
+                      2-block cluster, 3 TMA with 128 x 256 tiles and a producer warpgroup, 4 that
+                      with the results staged through shared memory (TMA ones: wgrad on blocks
+                      runs the first cp.async variant) */
 } variants[] = {
 #define V(t, w, s) {t, w, s},
     GPU_WGMMA_VARIANTS(V)
@@ -471,18 +526,21 @@ enum { N_VARIANTS = sizeof variants / sizeof variants[0] };
 
 int gpu_wgmma_n_variants(void) { return N_VARIANTS; }
 
-/* dynamic shared memory of a variant (mirrors STAGE in the source, + 1 KiB for alignment) */
-static unsigned variant_smem(int v) {
-  int bm = 64 * variants[v].wg, bn = variants[v].tma == 3 ? 256 : 128;
-  int stage = variants[v].tma ? bm * 128 + bn * 128 + 1024 * (bn / 128) : (bm * 128 + bn * 128 + (bm + bn) * 4 + 1023) / 1024 * 1024;
-  return (unsigned)(stage * variants[v].st + 1024);
-}
+static int variant_wide(int v) { return variants[v].tma >= 3; }
+static int variant_bn(int v) { return variant_wide(v) ? 256 : 128; }
 static unsigned variant_threads(int v) {
-  return 128u * (unsigned)variants[v].wg + (variants[v].tma == 3 ? 128u : variants[v].tma ? 32u : 0u);
+  return 128u * (unsigned)variants[v].wg + (variant_wide(v) ? 128u : variants[v].tma ? 32u : 0u);
 }
-static int variant_bn(int v) { return variants[v].tma == 3 ? 256 : 128; }
+/* dynamic shared memory of a variant (mirrors STAGE in the source, then the staged epilogue's
+ * two 64 x 528-byte buffers, + 1 KiB for alignment) */
+static unsigned variant_smem(int v) {
+  int bm = 64 * variants[v].wg, bn = variant_bn(v), epi = variants[v].tma == 4 ? 2 * 64 * 528 : 0;
+  int stage = variants[v].tma ? bm * 128 + bn * 128 + 1024 * (bn / 128) : (bm * 128 + bn * 128 + (bm + bn) * 4 + 1023) / 1024 * 1024;
+  return (unsigned)(stage * variants[v].st + epi + 1024);
+}
 static void variant_name(int v, char *name, size_t len) {
-  if (variants[v].tma == 3) snprintf(name, len, "wg_fp8_wide_s%d", variants[v].st);
+  if (variants[v].tma == 4) snprintf(name, len, "wg_fp8_wides_s%d", variants[v].st);
+  else if (variants[v].tma == 3) snprintf(name, len, "wg_fp8_wide_s%d", variants[v].st);
   else if (variants[v].tma == 2) snprintf(name, len, "wg_fp8_mc_s%d", variants[v].st);
   else if (variants[v].tma) snprintf(name, len, "wg_fp8_tma_s%d", variants[v].st);
   else snprintf(name, len, "wg_fp8_w%d_s%d", variants[v].wg, variants[v].st);
@@ -517,9 +575,9 @@ const char *gpu_wgmma_source(void) {
     if (variants[v].tma)
       snprintf(line, sizeof line,
                "extern \"C\" __global__ void %s__launch_bounds__(%u, 1) %s(const __grid_constant__ tmap_t ta, "
-               "const __grid_constant__ tmap_t tb, const wg_args p) { wg_fp8_tma<%d, %d, %d>(ta, tb, p); }\n",
+               "const __grid_constant__ tmap_t tb, const wg_args p) { wg_fp8_tma<%d, %d, %d, %d>(ta, tb, p); }\n",
                variants[v].tma == 2 ? "__cluster_dims__(2, 1, 1) " : "", variant_threads(v), name, variants[v].st,
-               variants[v].tma == 2, variant_bn(v) / 128);
+               variants[v].tma == 2, variant_bn(v) / 128, variants[v].tma == 4);
     else
       snprintf(line, sizeof line, "extern \"C\" __global__ void __launch_bounds__(%u, 1) %s(const wg_args p) { wg_fp8_gemm<%d, %d>(p); }\n",
                variant_threads(v), name, variants[v].wg, variants[v].st);
@@ -572,6 +630,14 @@ gpu_wgmma *gpu_wgmma_new(gpu_ctx *g, const char *arch, const char *cache_dir, ch
     if (rc == 0 && (int)smem > optin) {
       w->fn[v] = NULL; /* does not fit this device */
       continue;
+    }
+    if (rc == 0 && variants[v].tma >= 3) { /* setmaxnreg: the split assumes the launch's registers */
+      int regs = 0;
+      rc = gpu_function_regs(g, w->fn[v], &regs);
+      if (rc == 0 && (regs != WIDE_LAUNCH_REGS || variant_threads(v) != 384)) {
+        w->fn[v] = NULL; /* the producer's decrease would not cover the math warps' increase: a hang */
+        continue;
+      }
     }
     if (rc == 0) rc = gpu_set_max_smem(g, w->fn[v], (int)smem);
     /* blocks an SM: shared memory (plus the group table's ~3 KiB and 1 KiB the system keeps

@@ -39,11 +39,12 @@ typedef struct gpu_wgmma gpu_wgmma;
  * vertically adjacent tiles, each B tile read once and multicast to both (a quarter less L2
  * traffic); tma 3: 128 x 256 tiles (a quarter less L2 traffic than 128 x 128), the two math
  * warpgroups given a producer warpgroup's registers (setmaxnreg); tma 0: every thread loads by
- * cp.async, one block barrier a chunk. A TMA variant
+ * cp.async, one block barrier a chunk; tma 4: tma 3 with its results written through shared
+ * memory, 16-byte stores of whole rows (3 stages, to make room). A TMA variant
  * runs wgrad on the blocks layout (ld 0) with the first cp.async variant. Variant 3, the
  * multicast one, ran at about half variant 0's speed on the H200 (bench/RESULTS.md); variant 4
- * is the wide one. 0 stays the default. */
-#define GPU_WGMMA_VARIANTS(X) X(1, 2, 5) X(0, 2, 4) X(0, 1, 4) X(2, 2, 5) X(3, 2, 4)
+ * and 5 are the wide ones. 0 stays the default. */
+#define GPU_WGMMA_VARIANTS(X) X(1, 2, 5) X(0, 2, 4) X(0, 1, 4) X(2, 2, 5) X(3, 2, 4) X(4, 2, 3)
 enum { GPU_WGMMA_MAX_E = 128 };
 
 /* The module's CUDA source (self-contained: no headers). */
@@ -53,7 +54,9 @@ const char *gpu_wgmma_source(void);
  * cannot target sm_90a): the caller keeps cuBLASLt. NULL with a message on a real failure. */
 gpu_wgmma *gpu_wgmma_new(gpu_ctx *g, const char *arch, const char *cache_dir, char *err, size_t errlen);
 void gpu_wgmma_free(gpu_wgmma *w);
-/* Which variant runs (index into GPU_WGMMA_VARIANTS; MOEC_WGMMA_VARIANT sets the default). */
+/* Which variant runs (index into GPU_WGMMA_VARIANTS; MOEC_WGMMA_VARIANT sets the default); one
+ * that this device cannot run (shared memory, or a wide variant not compiled to the registers
+ * its setmaxnreg split assumes) falls back to variant 0. */
 void gpu_wgmma_set_variant(gpu_wgmma *w, int v);
 int gpu_wgmma_n_variants(void);
 

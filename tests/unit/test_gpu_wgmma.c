@@ -1,12 +1,12 @@
 /* test_gpu_wgmma.c -- the device-driven FP8 grouped GEMM (runtime/gpu_wgmma.h) against a CPU
  * reference in double, on fresh random E4M3 operands and random power-of-two scales, every
  * variant, both output types: the rows mode (uneven experts: 37, 0, 200, 129, 64 rows; K of
- * three 128-chunks; N = 144, a partial column tile) and the wgrad mode (tokens 300, 0, 128, 77,
- * padded to 128; M = 144, N = 272; the experts' blocks one after another, and columns of one
- * matrix). Scale slots the kernel must not use (row padding) hold NaN,
+ * three 128-chunks; N = 272: partial tiles of 128 and 256 columns) and the wgrad mode
+ * (tokens 300, 0, 128, 77, padded to 128; M = 144, N = 272; the experts' blocks one after
+ * another, and columns of one matrix). Scale slots the kernel must not use (row padding) hold NaN,
  * and C is prefilled with NaN: every output element must be written (an expert without tokens
  * gets zeros in wgrad) and nothing past the experts' rows. The rows mode also runs with the
- * weights' scales as 128 x 128 squares (N = 256; the squares' padding NaN). The cuBLASLt path
+ * weights' scales as 128 x 128 squares (N = 384; the squares' padding NaN). The cuBLASLt path
  * (gpu_fp8_grouped_gemm) runs on the same operands for comparison.
  * Tolerance: |got - want| <= 2^-8 sum_k |a_k b_k| sa sb (+ bf16 rounding), i.e. relative
  * to the sum of absolute products: Hopper's FP8 tensor-core sums keep about 14 bits within a
@@ -67,13 +67,13 @@ static void fill_nan(gpu_ptr p, int64_t n, cg_dtype t) {
   else CHECK(gpu_memset32(G, p, 0x7fc07fc0u, (size_t)n / 2) == 0, "memset");
 }
 
-/* squares 1: B's scales one per 128 x 128 of each weight (the weight-tile recipe; N two
- * squares wide, K's three chunks padded to the layout's 4 with NaN); the vec128 table, NaN,
+/* squares 1: B's scales one per 128 x 128 of each weight (the weight-tile recipe; N three
+ * squares wide: the wide variants' second tile has one half, K's three chunks padded to the layout's 4 with NaN); the vec128 table, NaN,
  * goes unused (gpu_wgmma_fp8_rows passes the kernel no sb with squares) */
 static void test_rows(int variant, cg_dtype tc, int squares) {
   enum { E = 5 };
   const int32_t counts[E] = {37, 0, 200, 129, 64};
-  const int64_t K = 384, N = squares ? 256 : 144, KB = K / 128, S = 430, SLACK = 16, LDK = (KB + 3) / 4 * 4,
+  const int64_t K = 384, N = squares ? 384 : 272, KB = K / 128, S = 430, SLACK = 16, LDK = (KB + 3) / 4 * 4,
                 SEG = N / 128 * LDK;
   printf("wgmma fp8 rows mode, variant %d, C %s: experts 37, 0, 200, 129, 64 rows, K %lld, N %lld%s\n", variant,
          cg_dtype_name(tc), (long long)K, (long long)N, squares ? ", weights' scales as squares" : "");

@@ -25,7 +25,8 @@ static void check_ptx(const char *ptx) {
   char name[64];
   int expect = 0, entries = 0;
 #define ENTRY(t, w, s)                                                                             \
-  if (t == 3) snprintf(name, sizeof name, ".entry wg_fp8_wide_s%d(", s);                            \
+  if (t == 4) snprintf(name, sizeof name, ".entry wg_fp8_wides_s%d(", s);                           \
+  else if (t == 3) snprintf(name, sizeof name, ".entry wg_fp8_wide_s%d(", s);                       \
   else if (t == 2) snprintf(name, sizeof name, ".entry wg_fp8_mc_s%d(", s);                         \
   else if (t) snprintf(name, sizeof name, ".entry wg_fp8_tma_s%d(", s);                             \
   else snprintf(name, sizeof name, ".entry wg_fp8_w%d_s%d(", w, s);                                 \
