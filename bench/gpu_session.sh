@@ -38,6 +38,8 @@
 #   fp8tilewg  fp8tile with the FP8 expert GEMMs on the wgmma kernel (MOEC_FP8_GEMM=wgmma,
 #            MOEC_WGMMA_VARIANT picks its variant), reading the weights' squares, reusing
 #            fp8tile's peer                                                              [150 s]
+#   fp8tilenr  fp8tile without the fuse-residual pass (the residual adds as separate kernels),
+#            reusing fp8tile's peer                                                      [100 s]
 #   fp8tilecp  fp8tile with MOEC_SQUARES=0 (the expert weights kept as bf16 copies and quantized
 #            each step instead of AdamW writing their squares), reusing fp8tile's peer   [100 s]
 #   fp8tilembcp  fp8tilemb with MOEC_SQUARES=0 (bf16 moments, the copies quantized each step) [100 s]
@@ -89,8 +91,9 @@ L=$OUT/logs
 mkdir -p "$L"
 exec > >(tee -a "$OUT/session.log") 2>&1
 export LD_LIBRARY_PATH=$C/gpu-libs:/usr/local/cuda/lib64 MOEC_CACHE=${MOEC_CACHE:-/tmp/mc} NCCL_NVLS_ENABLE=0
-FUSED=--passes=lower,group-linear,grouped-mlp,autodiff,fold-grad-cast,dce
-FUSED_MX=--passes=lower,group-linear,grouped-mlp,autodiff,fold-grad-cast,mxfp8,dce
+FUSED=--passes=lower,group-linear,grouped-mlp,autodiff,fold-grad-cast,fuse-residual,dce
+FUSED_MX=--passes=lower,group-linear,grouped-mlp,autodiff,fold-grad-cast,mxfp8,fuse-residual,dce
+FUSED_MX_NR=--passes=lower,group-linear,grouped-mlp,autodiff,fold-grad-cast,mxfp8,dce
 bench() { env MOEC=$C/moec PEER=$C/hf_mixtral_bench.py STEPS=${STEPS:-8} "$@"; }
 peer_from() { mkdir -p "$2" && cp "$1"/peer_*.out "$2"/ 2>/dev/null; }
 # ncu's sections for the first COUNT launches of kernels matching REGEX in bench_grouped_gemm,
@@ -192,6 +195,9 @@ for part in "${parts[@]}"; do
   fp8tilenw)
     peer_from "$L/fp8tile" "$L/$part"
     bench LOGDIR=$L/$part PEER_SKIP=1 MOEC_NARROW_GEMM=0 PRECISION='mxfp8(block=128,weight_tile=128)' MOEC_ARGS=$FUSED_MX timeout 150 bash bench/run_bench.sh genos_1b ;;
+  fp8tilenr)
+    peer_from "$L/fp8tile" "$L/$part"
+    bench LOGDIR=$L/$part PEER_SKIP=1 PRECISION='mxfp8(block=128,weight_tile=128)' MOEC_ARGS=$FUSED_MX_NR timeout 150 bash bench/run_bench.sh genos_1b ;;
   fp8tilecp)
     peer_from "$L/fp8tile" "$L/$part"
     bench LOGDIR=$L/$part PEER_SKIP=1 MOEC_SQUARES=0 PRECISION='mxfp8(block=128,weight_tile=128)' MOEC_ARGS=$FUSED_MX timeout 150 bash bench/run_bench.sh genos_1b ;;

@@ -50,8 +50,9 @@ static const char *const src =
     "  }\n"
     "}\n"
     "\n"
-    "// out[t] = sum_j (w[t, j] *) ys[inv[t*k + j]], j in order from 0 (ck_expert_unpermute).\n"
-    "template <class T, class TW> __device__ void expert_unpermute(const T *ys, const int *inv, const TW *w, T *out, i64 nt, i64 k, i64 H, int *err) {\n"
+    "// out[t] = sum_j (w[t, j] *) ys[inv[t*k + j]], j in order from 0 (ck_expert_unpermute), then\n"
+    "// rounded and + res[t] when res (fuse-residual); out may alias res.\n"
+    "template <class T, class TW> __device__ void expert_unpermute(const T *ys, const int *inv, const TW *w, const T *res, T *out, i64 nt, i64 k, i64 H, int *err) {\n"
     "  const i64 t = blockIdx.x;\n"
     "  if (t >= nt) return;\n"
     "  for (i64 j = 0; j < k; j++)\n"
@@ -59,13 +60,17 @@ static const char *const src =
     "      if (threadIdx.x == 0) raise_err(err, CK_EINDEX);\n"
     "      return;\n"
     "    }\n"
-    "  if (H % 8 == 0 && aligned16(ys) && aligned16(out)) {\n"
+    "  if (H % 8 == 0 && aligned16(ys) && aligned16(out) && (!res || aligned16(res))) {\n"
     "    for (i64 c = threadIdx.x * 8; c < H; c += blockDim.x * 8) {\n"
     "      float acc[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f}, y[8];\n"
     "      for (i64 j = 0; j < k; j++) {\n"
     "        ld8(ys + (i64)inv[t * k + j] * H + c, y);\n"
     "        const float wj = w ? ld(w + t * k + j) : 0.0f;\n"
     "        for (int q = 0; q < 8; q++) acc[q] += w ? wj * y[q] : y[q];\n"
+    "      }\n"
+    "      if (res) {\n"
+    "        ld8(res + t * H + c, y);\n"
+    "        for (int q = 0; q < 8; q++) acc[q] = y[q] + rnd_as(out, acc[q]);\n"
     "      }\n"
     "      st8(out + t * H + c, acc);\n"
     "    }\n"
@@ -78,6 +83,7 @@ static const char *const src =
     "      if (w) acc += ld(w + t * k + j) * y;\n"
     "      else acc += y;\n"
     "    }\n"
+    "    if (res) acc = ld(res + t * H + c) + rnd_as(out, acc);\n"
     "    st(out + t * H + c, acc);\n"
     "  }\n"
     "}\n"
@@ -414,7 +420,7 @@ void cg_emit_grouped(cg_buf *b, const cg_variant *v, int emu) {
                "const ${X} *x, const int *perm, const ${W} *w, ${X} *xs, i64 nt, i64 k, i64 H, int *err",
                "expert_permute<${X}, ${W}>", kv, emu);
       cg_entry(b, CG_NT_ROW, "moec_expert_unpermute_${x}_${w}",
-               "const ${X} *ys, const int *inv, const ${W} *w, ${X} *out, i64 nt, i64 k, i64 H, int *err",
+               "const ${X} *ys, const int *inv, const ${W} *w, const ${X} *res, ${X} *out, i64 nt, i64 k, i64 H, int *err",
                "expert_unpermute<${X}, ${W}>", kv, emu);
       cg_entry(b, CG_NT_ROW, "moec_expert_weight_grad_${x}_${w}",
                "const ${X} *a, const ${W} *b, const int *perm, float *dw, i64 nt, i64 k, i64 H, int *err",

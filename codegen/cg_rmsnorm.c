@@ -49,11 +49,13 @@ static const char *const src =
     "  });\n"
     "}\n"
     "\n"
-    "// dx = r w dy - (r^3 / H) x sum(dy w x); dx may alias dy.\n"
-    "template <class TX, class TW> __device__ void rmsnorm_bwd_x(const TX *x, const TW *w, const TX *dy, TX *dx, i64 nt, i64 H, float eps) {\n"
+    "// dx = r w dy - (r^3 / H) x sum(dy w x) (+ res, after rounding: fuse-residual); dx may alias dy\n"
+    "// or res.\n"
+    "template <class TX, class TW> __device__ void rmsnorm_bwd_x(const TX *x, const TW *w, const TX *dy, const TX *res, TX *dx, i64 nt, i64 H, float eps) {\n"
     "  __shared__ double sh[32];\n"
     "  const i64 off = (i64)blockIdx.x * H;\n"
-    "  const bool vec = H % 8 == 0 && aligned16(x + off) && aligned16(dy + off) && aligned16(dx + off) && aligned16(w);\n"
+    "  const bool vec = H % 8 == 0 && aligned16(x + off) && aligned16(dy + off) && aligned16(dx + off) && aligned16(w) &&\n"
+    "                   (!res || aligned16(res + off));\n"
     "  double ss = 0.0, dot = 0.0;\n"
     "  row_loop(H, vec, EW_BODY {\n"
     "    EW_N;\n"
@@ -80,6 +82,12 @@ static const char *const src =
     "    ldn<N>(w + i, wv);\n"
     "#pragma unroll\n"
     "    for (int j = 0; j < N; j++) o[j] = r * wv[j] * dv[j] - c * xv[j];\n"
+    "    if (res) {\n"
+    "      float rv[N];\n"
+    "      ldn<N>(res + off + i, rv);\n"
+    "#pragma unroll\n"
+    "      for (int j = 0; j < N; j++) o[j] = rv[j] + rnd_as(dx, o[j]);\n"
+    "    }\n"
     "    stn<N>(dx + off + i, o);\n"
     "  });\n"
     "}\n"
@@ -114,7 +122,7 @@ void cg_emit_rmsnorm(cg_buf *b, const cg_variant *v, int emu) {
       cg_entry(b, CG_NT_ROW, "moec_rmsnorm_fwd_${x}_${w}",
                "const ${X} *x, const ${W} *w, ${X} *y, i64 nt, i64 H, float eps", "rmsnorm_fwd<${X}, ${W}>", kv, emu);
       cg_entry(b, CG_NT_ROW, "moec_rmsnorm_bwd_x_${x}_${w}",
-               "const ${X} *x, const ${W} *w, const ${X} *dy, ${X} *dx, i64 nt, i64 H, float eps",
+               "const ${X} *x, const ${W} *w, const ${X} *dy, const ${X} *res, ${X} *dx, i64 nt, i64 H, float eps",
                "rmsnorm_bwd_x<${X}, ${W}>", kv, emu);
     }
     cg_dtype_kv(kv, (cg_dtype)x, (cg_dtype)x);

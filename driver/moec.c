@@ -352,7 +352,7 @@ static int cmd_train(int argc, char **argv) {
     snprintf(gpu_disable, sizeof gpu_disable, "%s%smxfp8", c.pipe.disable ? c.pipe.disable : "", c.pipe.disable ? "," : "");
     c.pipe.disable = gpu_disable;
     fprintf(stderr, "moec: note: --device cuda: mxfp8 is off by default (--passes=lower,group-linear,grouped-mlp,%sautodiff,"
-                    "%sfold-grad-cast,mxfp8,dce turns it on)\n",
+                    "%sfold-grad-cast,mxfp8,fuse-residual,dce turns it on)\n",
             ep * dp > 1 ? "parallelize," : "", ep * dp > 1 ? "sync," : "");
   }
   if (multi && !(c.train.world = launch_train_join(ep, dp, &c.train.rank))) return 1;

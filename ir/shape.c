@@ -276,6 +276,24 @@ static int want_route_w(shape_ctx *c, int i, int64_t T, int64_t k) {
   return 0;
 }
 
+/* The residual attribute (fuse-residual): 1 when set, the residual the last operand after lo..hi
+ * others; 0 when absent; -1 (and the message) when inconsistent. */
+static int want_residual_flag(shape_ctx *c, int lo, int hi) {
+  int64_t res = ir_get_int(c->n, "residual", 0);
+  if (res != 0 && res != 1) return fail(c, "residual must be 0 or 1, not %lld", (long long)res);
+  const int others = c->n->n_in - (int)res;
+  if (others < lo || others > hi)
+    return fail(c, res ? "residual=1 needs the residual as one more operand after %d to %d"
+                       : "takes %d to %d operands; one more needs residual=1", lo, hi);
+  return (int)res;
+}
+
+/* Operand i, the residual added to the result: the result's type exactly. */
+static int want_residual(shape_ctx *c, int i) {
+  if (!ir_type_equal(OPERAND(c, i), c->out)) return fail(c, "the residual (operand %d) must have the result's type", i);
+  return 0;
+}
+
 static int shape_EXPERT_PERMUTE(shape_ctx *c) {
   int64_t k;
   if (want_matrix(c, 0, "x") || want_attr_pos(c, "top_k", &k)) return -1;
@@ -293,9 +311,11 @@ static int shape_EXPERT_UNPERMUTE(shape_ctx *c) {
   const ir_type *ys = OPERAND(c, 0);
   if (ys->dims[0] < 0 || ys->dims[0] % k) return fail(c, "ys rows must be a static multiple of top_k %lld", (long long)k);
   if (want_perm(c, 1, ys->dims[0])) return -1;
-  if (c->n->n_in == 3 && want_route_w(c, 2, ys->dims[0] / k, k)) return -1;
+  const int res = want_residual_flag(c, 2, 3);
+  if (res < 0) return -1;
+  if (c->n->n_in - res == 3 && want_route_w(c, 2, ys->dims[0] / k, k)) return -1;
   *c->out = make(ys->dtype, 2, ys->dims[0] / k, ys->dims[1]);
-  return 0;
+  return res ? want_residual(c, c->n->n_in - 1) : 0;
 }
 
 static int shape_EXPERT_PROBS(shape_ctx *c) {
@@ -426,8 +446,10 @@ static int shape_EMBEDDING_BWD(shape_ctx *c) {
 static int shape_RMSNORM_BWD_X(shape_ctx *c) {
   if (want_matrix(c, 0, "dy") || want_matrix(c, 1, "x")) return -1;
   if (OPERAND(c, 0)->dims[1] != OPERAND(c, 1)->dims[1]) return fail(c, "dy and x widths differ");
+  const int res = want_residual_flag(c, 3, 3);
+  if (res < 0) return -1;
   *c->out = *OPERAND(c, 1);
-  return 0;
+  return res ? want_residual(c, 3) : 0;
 }
 
 static int shape_RMSNORM_BWD_W(shape_ctx *c) {

@@ -18,6 +18,7 @@ static const pass_info passes[] = {
     {"sync", pass_sync, "all_reduce the gradients before the optimizer and the outputs (world > 1)", 1, 0},
     {"fold-grad-cast", pass_fold_grad_cast, "grad_norm and adamw read bf16 gradients directly (no f32 copy; exact)", 1, 1},
     {"mxfp8", pass_mxfp8, "MXFP8 quantize ops on expert GEMM operands and saved activations (precision mxfp8)", 1, 0},
+    {"fuse-residual", pass_fuse_residual, "residual adds folded into the unpermute or norm gradient making a term (exact)", 1, 0},
     {"dce", pass_dce, "remove ops whose results reach no output", 1, 0},
 };
 

@@ -264,6 +264,18 @@ static int exec_EXPERT_SORT(ex *x, int id) {
   return check_ck(x, id, ck_expert_sort(idx->i, idx->rows, INCOLS(id, 0), ir_get_int(N(id), "experts", 0), x->val[id].i));
 }
 
+/* 1 when the op carries a residual (fuse-residual), its last operand. */
+static int residual_of(ex *x, int id) { return (int)ir_get_int(N(id), "residual", 0); }
+
+/* The folded add: the op's result rounded to its type as the op's own would be, then
+ * + residual, rounded by the caller as the add's was (ops.def: the same bits). */
+static void add_residual(ex *x, int id, int res) {
+  if (!res) return;
+  rt_value *o = &x->val[id];
+  if (N(id)->type.dtype == DT_BF16) ck_round_bf16(o->f, o->numel);
+  ck_add_fwd(IN(id, N(id)->n_in - 1)->f, o->f, o->f, o->numel);
+}
+
 static int exec_EXPERT_PERMUTE(ex *x, int id) {
   const rt_value *a = IN(id, 0);
   int64_t k = ir_get_int(N(id), "top_k", 1);
@@ -274,8 +286,13 @@ static int exec_EXPERT_PERMUTE(ex *x, int id) {
 static int exec_EXPERT_UNPERMUTE(ex *x, int id) {
   const rt_value *ys = IN(id, 0);
   int64_t k = ir_get_int(N(id), "top_k", 1);
+  const int res = residual_of(x, id);
   if (alloc_out(x, id, ys->rows / k, 0)) return -1;
-  return check_ck(x, id, ck_expert_unpermute(ys->f, IN(id, 1)->i, OPT(id, 2), x->val[id].f, ys->rows / k, k, COLS(id)));
+  if (check_ck(x, id, ck_expert_unpermute(ys->f, IN(id, 1)->i, N(id)->n_in - res > 2 ? IN(id, 2)->f : NULL, x->val[id].f,
+                                          ys->rows / k, k, COLS(id))))
+    return -1;
+  add_residual(x, id, res);
+  return 0;
 }
 
 static int exec_EXPERT_PROBS(ex *x, int id) {
@@ -456,6 +473,7 @@ static int exec_RMSNORM_BWD_X(ex *x, int id) {
   const rt_value *dy = IN(id, 0), *a = IN(id, 1);
   if (alloc_out(x, id, a->rows, 0)) return -1;
   ck_rmsnorm_bwd(a->f, IN(id, 2)->f, dy->f, x->val[id].f, NULL, a->rows, COLS(id), (float)ir_get_float(N(id), "eps", 1e-5));
+  add_residual(x, id, residual_of(x, id));
   return 0;
 }
 

@@ -625,15 +625,16 @@ static int exec_EMBEDDING_BWD(gx *x, int id) {
 
 static int exec_RMSNORM_BWD_X(gx *x, int id) {
   const dev_value *dy = V(id, 0), *a = V(id, 1);
+  const gpu_ptr res = ir_get_int(N(id), "residual", 0) ? V(id, 3)->p : 0; /* fuse-residual's add */
   if (alloc_out(x, id, a->rows, 0)) return -1;
-  return ck(x, id, rt_cuda_rmsnorm_bwd(KX, DT(x, id), DT(x, N(id)->in[2]), a->p, V(id, 2)->p, dy->p, x->val[id].p, 0,
+  return ck(x, id, rt_cuda_rmsnorm_bwd(KX, DT(x, id), DT(x, N(id)->in[2]), a->p, V(id, 2)->p, dy->p, res, x->val[id].p, 0,
                                        a->rows, COLS(id), (float)ir_get_float(N(id), "eps", 1e-5)));
 }
 
 static int exec_RMSNORM_BWD_W(gx *x, int id) {
   const dev_value *dy = V(id, 0), *a = V(id, 1);
   if (alloc_out(x, id, INCOLS(id, 1), 1)) return -1;
-  return ck(x, id, rt_cuda_rmsnorm_bwd(KX, DT(x, N(id)->in[1]), CG_DT_F32, a->p, 0, dy->p, 0, x->val[id].p, a->rows,
+  return ck(x, id, rt_cuda_rmsnorm_bwd(KX, DT(x, N(id)->in[1]), CG_DT_F32, a->p, 0, dy->p, 0, 0, x->val[id].p, a->rows,
                                        INCOLS(id, 1), (float)ir_get_float(N(id), "eps", 1e-5)));
 }
 

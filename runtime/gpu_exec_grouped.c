@@ -48,11 +48,12 @@ int exec_EXPERT_PERMUTE(gx *x, int id) {
 int exec_EXPERT_UNPERMUTE(gx *x, int id) {
   const dev_value *ys = V(id, 0);
   int64_t k = ir_get_int(N(id), "top_k", 1);
-  cg_dtype tw = N(id)->n_in > 2 ? DT(x, N(id)->in[2]) : CG_DT_F32;
+  const int res = (int)ir_get_int(N(id), "residual", 0), weighted = N(id)->n_in - res > 2; /* res: fuse-residual's add */
+  cg_dtype tw = weighted ? DT(x, N(id)->in[2]) : CG_DT_F32;
   if (alloc_out(x, id, ys->rows / k, 0)) return -1;
   if (DT(x, N(id)->in[0]) != DT(x, id)) return fail(x, id, "input and output dtypes differ");
-  return ck(x, id, rt_cuda_expert_unpermute(KX, DT(x, id), tw, ys->p, V(id, 1)->p, OPTP(id, 2), x->val[id].p, ys->rows / k, k,
-                                            COLS(id)));
+  return ck(x, id, rt_cuda_expert_unpermute(KX, DT(x, id), tw, ys->p, V(id, 1)->p, weighted ? V(id, 2)->p : 0,
+                                            res ? V(id, N(id)->n_in - 1)->p : 0, x->val[id].p, ys->rows / k, k, COLS(id)));
 }
 
 int exec_EXPERT_PROBS(gx *x, int id) {

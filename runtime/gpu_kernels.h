@@ -80,10 +80,11 @@ int rt_cuda_embedding_bwd(rt_cuda *k, cg_dtype t, gpu_ptr tokens /* i32 (T) */, 
                           gpu_ptr dtable /* f32 (V, H) += */, int64_t T, int64_t V, int64_t H);
 int rt_cuda_rmsnorm_fwd(rt_cuda *k, cg_dtype tx, cg_dtype tw, gpu_ptr x /* (T, H) */, gpu_ptr w /* (H) */,
                         gpu_ptr y /* (T, H) */, int64_t T, int64_t H, float eps);
-/* dx written (skipped when 0; then w is not read), dw accumulated (skipped when 0). */
+/* dx written (skipped when 0; then w is not read), dw accumulated (skipped when 0). With res,
+ * dx = res + dx rounded to tx (a residual add folded in, bit for bit the add's). */
 int rt_cuda_rmsnorm_bwd(rt_cuda *k, cg_dtype tx, cg_dtype tw, gpu_ptr x /* (T, H) */, gpu_ptr w /* (H) */,
-                        gpu_ptr dy /* (T, H) */, gpu_ptr dx /* (T, H) or 0 */, gpu_ptr dw /* f32 (H) += or 0 */,
-                        int64_t T, int64_t H, float eps);
+                        gpu_ptr dy /* (T, H) */, gpu_ptr res /* (T, H) or 0 */, gpu_ptr dx /* (T, H) or 0 */,
+                        gpu_ptr dw /* f32 (H) += or 0 */, int64_t T, int64_t H, float eps);
 int rt_cuda_rope_fwd(rt_cuda *k, cg_dtype t, gpu_ptr x /* (T, nh*hd) */, gpu_ptr y, int64_t T, int64_t nh,
                      int64_t hd, int64_t seq, double theta);
 int rt_cuda_rope_bwd(rt_cuda *k, cg_dtype t, gpu_ptr dy /* (T, nh*hd) */, gpu_ptr dx, int64_t T, int64_t nh,
@@ -209,8 +210,9 @@ int rt_cuda_expert_sort(rt_cuda *k, gpu_ptr idx, int64_t T, int64_t kk, int64_t 
 /* w (T, kk) may be 0 (no weights). */
 int rt_cuda_expert_permute(rt_cuda *k, cg_dtype t, cg_dtype tw, gpu_ptr x /* (T, H) */, gpu_ptr perm, gpu_ptr w,
                            gpu_ptr xs /* (T*kk, H) */, int64_t T, int64_t kk, int64_t H);
+/* With res, out = res + the sum rounded to t (a residual add folded in, bit for bit the add's). */
 int rt_cuda_expert_unpermute(rt_cuda *k, cg_dtype t, cg_dtype tw, gpu_ptr ys /* (T*kk, H) */, gpu_ptr perm, gpu_ptr w,
-                             gpu_ptr out /* (T, H) */, int64_t T, int64_t kk, int64_t H);
+                             gpu_ptr res /* (T, H) or 0 */, gpu_ptr out /* (T, H) */, int64_t T, int64_t kk, int64_t H);
 int rt_cuda_expert_weight_grad(rt_cuda *k, cg_dtype ta, cg_dtype tb, gpu_ptr a /* (T, H) */, gpu_ptr b /* (T*kk, H) */,
                                gpu_ptr perm, gpu_ptr dw /* f32 (T, kk) */, int64_t T, int64_t kk, int64_t H);
 int rt_cuda_expert_probs(rt_cuda *k, gpu_ptr w /* f32 (T, kk) */, gpu_ptr perm, gpu_ptr p /* f32 (T*kk) */, int64_t T,

@@ -58,8 +58,8 @@ int rt_cuda_expert_permute(rt_cuda *k, cg_dtype t, cg_dtype tw, gpu_ptr x, gpu_p
                     ARGS(&x, &perm, &w, &xs, &T, &kk, &H, &k->err_flag));
 }
 
-int rt_cuda_expert_unpermute(rt_cuda *k, cg_dtype t, cg_dtype tw, gpu_ptr ys, gpu_ptr perm, gpu_ptr w, gpu_ptr out,
-                             int64_t T, int64_t kk, int64_t H) {
+int rt_cuda_expert_unpermute(rt_cuda *k, cg_dtype t, cg_dtype tw, gpu_ptr ys, gpu_ptr perm, gpu_ptr w, gpu_ptr res,
+                             gpu_ptr out, int64_t T, int64_t kk, int64_t H) {
   int64_t np = T * kk;
   if (np == 0) return 0;
   gpu_ptr inv = 0;
@@ -70,7 +70,7 @@ int rt_cuda_expert_unpermute(rt_cuda *k, cg_dtype t, cg_dtype tw, gpu_ptr ys, gp
   char name[64];
   KN("expert_unpermute", 2, t, tw);
   return rtk_launch(k, FAM, NULL, name, (uint64_t)T, 1, rtk_row_threads(H, H % 8 == 0),
-                    ARGS(&ys, &inv, &w, &out, &T, &kk, &H, &k->err_flag));
+                    ARGS(&ys, &inv, &w, &res, &out, &T, &kk, &H, &k->err_flag));
 }
 
 int rt_cuda_expert_weight_grad(rt_cuda *k, cg_dtype ta, cg_dtype tb, gpu_ptr a, gpu_ptr b, gpu_ptr perm, gpu_ptr dw,

@@ -114,7 +114,7 @@ int rt_cuda_rmsnorm_fwd(rt_cuda *k, cg_dtype tx, cg_dtype tw, gpu_ptr x, gpu_ptr
                     ARGS(&x, &w, &y, &T, &H, &eps));
 }
 
-int rt_cuda_rmsnorm_bwd(rt_cuda *k, cg_dtype tx, cg_dtype tw, gpu_ptr x, gpu_ptr w, gpu_ptr dy, gpu_ptr dx,
+int rt_cuda_rmsnorm_bwd(rt_cuda *k, cg_dtype tx, cg_dtype tw, gpu_ptr x, gpu_ptr w, gpu_ptr dy, gpu_ptr res, gpu_ptr dx,
                         gpu_ptr dw, int64_t T, int64_t H, float eps) {
   char name[64];
   if (dw) { /* first: dx may overwrite dy */
@@ -141,7 +141,7 @@ int rt_cuda_rmsnorm_bwd(rt_cuda *k, cg_dtype tx, cg_dtype tw, gpu_ptr x, gpu_ptr
   if (!dx) return 0;
   KN("rmsnorm_bwd_x", 2, tx, tw);
   return rtk_launch(k, CG_FAM_RMSNORM, NULL, name, (uint64_t)T, 1, rtk_row_threads(H, H % 8 == 0),
-                    ARGS(&x, &w, &dy, &dx, &T, &H, &eps));
+                    ARGS(&x, &w, &dy, &res, &dx, &T, &H, &eps));
 }
 
 static int rope(rt_cuda *k, cg_dtype t, gpu_ptr x, gpu_ptr y, int64_t T, int64_t nh, int64_t hd, int64_t seq,

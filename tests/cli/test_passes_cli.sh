@@ -55,7 +55,7 @@ grep -q ' = dispatch(' "$tmp/naive.mir" && ! grep -q grouped "$tmp/naive.mir" ||
 for p in group-linear grouped-mlp autodiff mxfp8 dce total; do grep -q "^  $p " "$tmp/timing" || fail "--pass-timing: no $p line"; done
 # --dump-dir: numbered by place in the pipeline; golden against tests/golden/tiny
 "$MOEC" dump models/tiny.moe --train --set precision=mxfp8 --dump-dir="$tmp/dd" >/dev/null || fail "--dump-dir"
-for f in 00-after-lower 01-after-group-linear 02-after-grouped-mlp 03-after-parallelize 04-after-autodiff 05-after-sync 06-after-fold-grad-cast 07-after-mxfp8 08-after-dce; do
+for f in 00-after-lower 01-after-group-linear 02-after-grouped-mlp 03-after-parallelize 04-after-autodiff 05-after-sync 06-after-fold-grad-cast 07-after-mxfp8 08-after-fuse-residual 09-after-dce; do
   [ -f "$tmp/dd/$f.mir" ] || fail "--dump-dir: no $f.mir"
   diff -u "tests/golden/tiny/$f.mir" "$tmp/dd/$f.mir" >"$tmp/diff" ||
     { head -40 "$tmp/diff"; fail "$f.mir differs from tests/golden/tiny (if intended: tests/golden/update.sh)"; }
@@ -69,4 +69,27 @@ small=(--set hidden=32 --set ffn=48 --set seq=32 --set batch=2 --set heads=4 --s
   >"$tmp/train.out" 2>"$tmp/train.err" || { cat "$tmp/train.err"; fail "train with pass flags"; }
 grep -q "IR after group-linear" "$tmp/train.out" || fail "train --print-after"
 grep -q "^  group-linear " "$tmp/train.err" || fail "train --pass-timing"
+# fuse-residual changes no number: the same losses and the same checkpoint bytes without it
+# (bf16, so that the fused ops' rounding before the add is exercised)
+for mode in on off; do
+  flags=(); [ $mode = off ] && flags=(--disable-pass=fuse-residual)
+  "$MOEC" train models/tiny.moe "${small[@]}" --set precision=bf16 --steps 3 --seed 7 "${flags[@]}" --log "$tmp/fr_$mode.jsonl" \
+    --ckpt-dir "$tmp/fr_$mode" >"$tmp/fr_$mode.out" 2>&1 || { cat "$tmp/fr_$mode.out"; fail "train with fuse-residual $mode"; }
+done
+"$MOEC" dump models/tiny.moe --train --set precision=bf16 >"$tmp/fr_on.mir"
+"$MOEC" dump models/tiny.moe --train --set precision=bf16 --disable-pass=fuse-residual >"$tmp/fr_off.mir"
+grep -q 'residual=1' "$tmp/fr_on.mir" || fail "fuse-residual folded no add"
+grep -q 'residual=1' "$tmp/fr_off.mir" && fail "--disable-pass=fuse-residual still folds"
+sed 's/"time[^,]*,//g; s/"[a-z_]*_s":[0-9.e+-]*,\?//g' "$tmp/fr_on.jsonl" >"$tmp/fr_on.cmp"
+sed 's/"time[^,]*,//g; s/"[a-z_]*_s":[0-9.e+-]*,\?//g' "$tmp/fr_off.jsonl" >"$tmp/fr_off.cmp"
+grep -q loss "$tmp/fr_on.cmp" || fail "fuse-residual: no losses logged"
+diff "$tmp/fr_on.cmp" "$tmp/fr_off.cmp" || fail "fuse-residual changed the logged losses"
+n=0
+for f in "$tmp"/fr_on/*/*.safetensors "$tmp"/fr_on/*.safetensors; do
+  [ -f "$f" ] || continue
+  cmp -s "$f" "${f/fr_on/fr_off}" || fail "fuse-residual changed the checkpoint $(basename "$f")"
+  n=$((n + 1))
+done
+[ $n -gt 0 ] || fail "fuse-residual: no checkpoint written"
+
 echo "passes: og2_8x1b dump (grouped, fused, mxfp8), flags, golden dumps of tiny, train with flags ok"

@@ -87,9 +87,27 @@ static void test_permute(cg_dtype t) {
     get_f(got, dxs, S * H, t);
     cmp(wi ? "expert_permute (weighted)" : "expert_permute", got, want, S * H, t, -1, 0);
     ck_expert_unpermute(ys, perm, wi ? w : NULL, want, T, KK, H);
-    RUN(rt_cuda_expert_unpermute(K, t, CG_DT_F32, dys, dperm, wi ? dw : 0, dout, T, KK, H));
+    RUN(rt_cuda_expert_unpermute(K, t, CG_DT_F32, dys, dperm, wi ? dw : 0, 0, dout, T, KK, H));
     get_f(got, dout, T * H, t);
     cmp(wi ? "expert_unpermute (weighted)" : "expert_unpermute", got, want, T * H, t, -1, 0);
+    /* a residual folded in (fuse-residual): bit for bit the separate add of the residual and the
+     * result just read back; off = 1 starts the residual off 16-byte alignment (the scalar path) */
+    for (int off = 0; off < 2; off++) {
+      float *res = rnd(T * H + 1, -2, 2, t), *sum = falloc(T * H), *got2 = falloc(T * H);
+      for (int64_t i = 0; i < T * H; i++) sum[i] = res[off + i] + got[i];
+      if (t == CG_DT_BF16) ck_round_bf16(sum, T * H);
+      gpu_ptr dres = up_f(res, T * H + 1, t) + (gpu_ptr)(off * (t == CG_DT_BF16 ? 2 : 4));
+      RUN(rt_cuda_expert_unpermute(K, t, CG_DT_F32, dys, dperm, wi ? dw : 0, dres, dout, T, KK, H));
+      get_f(got2, dout, T * H, t);
+      cmp(off ? "expert_unpermute + residual, unaligned (exact)" : "expert_unpermute + residual (exact)", got2, sum, T * H,
+          t, -1, 0);
+      if (!off) { /* written over the residual */
+        RUN(rt_cuda_expert_unpermute(K, t, CG_DT_F32, dys, dperm, wi ? dw : 0, dres, dres, T, KK, H));
+        get_f(got2, dres, T * H, t);
+        cmp("expert_unpermute + residual, into the residual (exact)", got2, sum, T * H, t, -1, 0);
+      }
+      free(res), free(sum), free(got2);
+    }
   }
   ck_expert_weight_grad(x, ys, perm, want, T, KK, H);
   RUN(rt_cuda_expert_weight_grad(K, t, t, dx, dys, dperm, ddw, T, KK, H));

@@ -198,13 +198,26 @@ static void test_rmsnorm(cg_dtype tx, cg_dtype tw) {
   float *g = rnd(n, -1, 1, tx), *gx = falloc(n), *gw = rnd(H, -1, 1, CG_DT_F32), *gotw = falloc(H);
   gpu_ptr dg = up_f(g, n, tx), dgx = dmalloc((size_t)n * 4), dgw = up_f(gw, H, CG_DT_F32);
   ck_rmsnorm_bwd(x, w, g, gx, gw, T, H, EPS);
-  RUN(rt_cuda_rmsnorm_bwd(K, tx, tw, dx, dw, dg, dgx, dgw, T, H, EPS));
+  RUN(rt_cuda_rmsnorm_bwd(K, tx, tw, dx, dw, dg, 0, dgx, dgw, T, H, EPS));
   get_f(got, dgx, n, tx);
   cmp("rmsnorm bwd dx", got, gx, n, tx, 1e-5, 1e-5 * maxabs(gx, n));
   get_f(gotw, dgw, H, CG_DT_F32);
   cmp("rmsnorm bwd dw += (f32)", gotw, gw, H, CG_DT_F32, 1e-5, 1e-5 * maxabs(gw, H));
+  /* a residual folded in (fuse-residual): bit for bit the separate add of the residual and the
+   * dx just read back, also written over the residual (the executor may reuse its buffer) */
+  float *res = rnd(n, -2, 2, tx), *sum = falloc(n), *got2 = falloc(n);
+  for (int64_t i = 0; i < n; i++) sum[i] = res[i] + got[i];
+  if (tx == CG_DT_BF16) ck_round_bf16(sum, n);
+  gpu_ptr dres = up_f(res, n, tx);
+  RUN(rt_cuda_rmsnorm_bwd(K, tx, tw, dx, dw, dg, dres, dgx, 0, T, H, EPS));
+  get_f(got2, dgx, n, tx);
+  cmp("rmsnorm bwd dx + residual (exact)", got2, sum, n, tx, -1, 0);
+  RUN(rt_cuda_rmsnorm_bwd(K, tx, tw, dx, dw, dg, dres, dres, 0, T, H, EPS));
+  get_f(got2, dres, n, tx);
+  cmp("rmsnorm bwd dx + residual, into the residual (exact)", got2, sum, n, tx, -1, 0);
+  free(res), free(sum), free(got2);
   /* in place: dx aliasing dy */
-  RUN(rt_cuda_rmsnorm_bwd(K, tx, tw, dx, dw, dg, dg, 0, T, H, EPS));
+  RUN(rt_cuda_rmsnorm_bwd(K, tx, tw, dx, dw, dg, 0, dg, 0, T, H, EPS));
   get_f(got, dg, n, tx);
   cmp("rmsnorm bwd dx in place", got, gx, n, tx, 1e-5, 1e-5 * maxabs(gx, n));
   expect_flag("rmsnorm", CK_OK);

@@ -27,7 +27,7 @@
               "--set val_every=0 --val-batches 1 --device cuda --steps 6 --set precision=fp32"
 /* the fused experts for every run that compares with ep > 1 (one rank too: the same sums) */
 #define NAIVE "--disable-pass=group-linear,grouped-mlp" /* the per-expert linears (the default is fused) */
-#define FUSED "--passes=lower,group-linear,grouped-mlp,parallelize,autodiff,sync,fold-grad-cast,dce"
+#define FUSED "--passes=lower,group-linear,grouped-mlp,parallelize,autodiff,sync,fold-grad-cast,fuse-residual,dce"
 
 static const char *moec;
 

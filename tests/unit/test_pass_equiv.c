@@ -231,6 +231,7 @@ static const struct {
     {"group-linear", "group-linear,autodiff,dce"},
     {"grouped-mlp", "group-linear,grouped-mlp,autodiff,dce"},
     {"mxfp8 (fp32: no-op)", "autodiff,mxfp8,dce"},
+    {"fuse-residual", "autodiff,fuse-residual,dce"},
     {"whole pipeline", NULL},
 };
 
@@ -319,6 +320,44 @@ static void check_mxfp8(const model *m, const char *block, const char *passes) {
   free(lab);
 }
 
+/* fuse-residual in bf16 (where the fused ops' rounding before the add matters): the fused
+ * step's loss, norm and every gradient bit for bit the unfused one's. */
+static void check_fuse_residual_exact(const model *m) {
+  ir_graph *a = build(m, "bf16", "group-linear,grouped-mlp,autodiff,fold-grad-cast,fuse-residual,dce"),
+           *b = build(m, "bf16", "group-linear,grouped-mlp,autodiff,fold-grad-cast,dce");
+  if (!a || !b) {
+    CHECK(0, "%s: bf16 pipeline failed", m->name);
+    ir_graph_free(a);
+    ir_graph_free(b);
+    return;
+  }
+  int folded = 0;
+  for (int i = 0; i < a->n_nodes; i++) folded += ir_get_int(&a->nodes[i], "residual", 0) != 0;
+  rt_params *ps = rt_params_new(b, 11);
+  int32_t *tok, *lab;
+  make_tokens(b, &tok, &lab);
+  step_result ra, rb;
+  if (run_step(a, ps, tok, lab, &ra) || run_step(b, ps, tok, lab, &rb)) {
+    CHECK(0, "%s: bf16 step failed", m->name);
+  } else {
+    const char *worst;
+    double eg = compare(&ra, &rb, 1, &worst);
+    printf("%s (bf16): fuse-residual folded %d adds (%d ops against %d); loss %.9g vs %.9g, norm %.9g vs %.9g, "
+           "gradients differ by %.3g\n", m->name, folded, ra.n_ops, rb.n_ops, ra.out[0], rb.out[0], ra.norm, rb.norm, eg);
+    CHECK(folded > 0, "%s: fuse-residual folded no add", m->name);
+    CHECK(ra.out[0] == rb.out[0] && ra.out[1] == rb.out[1] && ra.norm == rb.norm, "%s: fuse-residual changed the loss or norm",
+          m->name);
+    CHECK(eg == 0, "%s: fuse-residual changed the gradient of %s (%.3g)", m->name, worst, eg);
+    result_free(&ra);
+    result_free(&rb);
+  }
+  rt_params_free(ps);
+  ir_graph_free(a);
+  ir_graph_free(b);
+  free(tok);
+  free(lab);
+}
+
 int main(void) {
   const model models[] = {
       {"tiny", "models/tiny.moe", {{"hidden", "64"}, {"ffn", "96"}, {"seq", "32"}, {"batch", "2"}}, 4},
@@ -335,6 +374,7 @@ int main(void) {
       {"bias_down", "tests/passes/bias_down.moe", {{"seq", "16"}}, 1},
   };
   for (size_t i = 0; i < sizeof models / sizeof models[0]; i++) check_fp32(&models[i]);
+  for (size_t i = 0; i < sizeof models / sizeof models[0]; i++) check_fuse_residual_exact(&models[i]);
   /* mxfp8: sizes that are multiples of the block (the front end insists) */
   const model mxm[] = {
       {"tiny", "models/tiny.moe", {{"hidden", "128"}, {"ffn", "256"}, {"seq", "32"}, {"batch", "2"}}, 4},
