@@ -199,15 +199,26 @@ static const char *const src =
     "      if ((base + j) % BLOCK == 0) scale[(base + j) / BLOCK] = (u8)code[k];\n"
     "  }\n"
     "}\n"
+    "// Row r of an operand read through expert_permute's gather (gpu_views.h, VIEW_GATHER): row\n"
+    "// gat[r] / gk of its input (gn rows), the permute itself never written. No gather: r. An\n"
+    "// index out of range (expert_sort makes none) is clamped: a wrong row, never a stray read.\n"
+    "__device__ __forceinline__ i64 gather_row(const int *gat, i64 gk, i64 gn, i64 r) {\n"
+    "  if (!gat) return r;\n"
+    "  const i64 p = gat[r];\n"
+    "  return (p < 0 ? 0 : p >= gn * gk ? gn * gk - 1 : p) / gk;\n"
+    "}\n"
     "template <class T>\n"
-    "__device__ void mxfp8_quantize(const T *x, u8 *q, u8 *scale, i64 ngroups, i64 gpr, i64 ldx, i64 sx, int rb) {\n"
+    "__device__ void mxfp8_quantize(const T *x, u8 *q, u8 *scale, i64 ngroups, i64 gpr, i64 ldx, i64 sx, int rb, const int *gat,\n"
+    "                               i64 gk, i64 gn) {\n"
     "  mxq_rows(q, scale, ngroups, [&](i64 ch0, i64 nch, float (&v)[QR_U][EPT]) {\n"
-    "    const bool dense = sx == 0 && ldx == gpr * GROUP; // chunk ch at x + ch EPT: no division\n"
+    "    const bool dense = sx == 0 && ldx == gpr * GROUP && !gat; // chunk ch at x + ch EPT: no division\n"
     "    i64 xo[QR_U];\n"
     "#pragma unroll\n"
     "    for (int k = 0; k < QR_U; k++) {\n"
     "      const i64 ch = ch0 + (i64)k * blockDim.x, g = ch / TPG;\n"
-    "      xo[k] = ch >= nch ? -1 : dense ? ch * EPT : g / gpr * ldx + sx + g % gpr * GROUP + ch % TPG * EPT;\n"
+    "      xo[k] = ch >= nch ? -1\n"
+    "              : dense ? ch * EPT\n"
+    "                      : gather_row(gat, gk, gn, g / gpr) * ldx + sx + g % gpr * GROUP + ch % TPG * EPT;\n"
     "    }\n"
     "    if (EPT == 8 && aligned16(x + sx) && ldx * sizeof(T) % 16 == 0) { // every chunk 16-byte aligned\n"
     "      bits8<T> b[QR_U];\n"
@@ -299,17 +310,20 @@ static const char *const src =
     "constexpr int QC_SUB = GROUP < QC_RPT ? GROUP : QC_RPT; // rows under one maximum within a thread\n"
     "template <class T>\n"
     "__device__ void qcols_tile(const T *x, i64 ldx, i64 sx, int rb, i64 ncols, i64 r0, int n, i64 c0, u32 (&wq)[2][4],\n"
-    "                           int (&code)[2][QC_RPT / QC_SUB]) {\n"
+    "                           int (&code)[2][QC_RPT / QC_SUB], const int *gat = nullptr, i64 gk = 1, i64 gn = 0) {\n"
     "  constexpr bool F32 = sizeof(T) == 4;\n"
     "  __shared__ u32x4 hi[128][QC_COLS / 8], lo[F32 ? 128 : 1][QC_COLS / 8];\n"
     "  const int c = 8 * (threadIdx.x % 8), r1 = threadIdx.x / 8; // chunk k: row r1 + 32 k\n"
     "  const i64 left = ncols - c0 - c, cnt = left < 0 ? 0 : left < 8 ? left : 8;\n"
-    "  const T *xc = x + (r0 + r1) * ldx + sx + c0 + c;\n"
+    "  const T *xb = x + sx + c0 + c; // chunk k at xb + (its row, through a gather) ldx\n"
+    "  i64 xr[QC_LD];\n"
+    "#pragma unroll\n"
+    "  for (int k = 0; k < QC_LD; k++) xr[k] = r1 + 32 * k < n ? gather_row(gat, gk, gn, r0 + r1 + 32 * k) * ldx : 0;\n"
     "  bits8<T> bk[QC_LD];\n"
-    "  if (cnt == 8 && aligned16(xc) && ldx * sizeof(T) % 16 == 0) { // all QC_LD 16-byte, back to back\n"
+    "  if (cnt == 8 && aligned16(xb) && ldx * sizeof(T) % 16 == 0) { // all QC_LD 16-byte, back to back\n"
     "#pragma unroll\n"
     "    for (int k = 0; k < QC_LD; k++) {\n"
-    "      if (r1 + 32 * k < n) ld_bits8(xc + 32 * k * ldx, bk[k]);\n"
+    "      if (r1 + 32 * k < n) ld_bits8(xb + xr[k], bk[k]);\n"
     "      else bk[k] = bits8<T>{};\n"
     "    }\n"
     "  } else {\n"
@@ -319,7 +333,7 @@ static const char *const src =
     "#pragma unroll\n"
     "      for (int j = 0; j < 8; j++)\n"
     "        if (j < cnt && r1 + 32 * k < n) {\n"
-    "          const u32 u = sizeof(T) == 2 ? (u32)((const u16 *)(xc + 32 * k * ldx))[j] : __float_as_uint(ld(xc + 32 * k * ldx + j));\n"
+    "          const u32 u = sizeof(T) == 2 ? (u32)((const u16 *)(xb + xr[k]))[j] : __float_as_uint(ld(xb + xr[k] + j));\n"
     "          if (sizeof(T) == 2) bk[k].w[j / 2] |= u << (16 * (j % 2));\n"
     "          else bk[k].w[j % (sizeof(T) * 2)] = u;\n"
     "        }\n"
@@ -572,7 +586,7 @@ static const char *const src =
     "// of P_e / 128 (spare blocks return). GROUP is 128. x may be a column window as in qcols_tile.\n"
     "template <class T>\n"
     "__device__ void mxfp8_quantize_cols_experts(const T *x, u8 *qt, float *sf, i64 C, const int *counts, i64 E, i64 units,\n"
-    "                                            i64 ldx, i64 sx, int rb, i64 ldq) {\n"
+    "                                            i64 ldx, i64 sx, int rb, i64 ldq, const int *gat, i64 gk, i64 gn) {\n"
     "  const i64 ntc = (C + QC_COLS - 1) / QC_COLS, c0 = blockIdx.x % ntc * QC_COLS;\n"
     "  i64 start = 0, m = -1, uu = 0, poff = 0;\n"
     "  expert_unit(counts, E, blockIdx.x / ntc, start, m, uu, poff);\n"
@@ -581,7 +595,7 @@ static const char *const src =
     "  const int n = m - uu * 128 < 128 ? (int)(m - uu * 128) : 128;\n"
     "  u32 w[2][4];\n"
     "  int code[2][QC_RPT / QC_SUB];\n"
-    "  qcols_tile(x, ldx, sx, rb, C, start + uu * 128, n, c0, w, code);\n"
+    "  qcols_tile(x, ldx, sx, rb, C, start + uu * 128, n, c0, w, code, gat, gk, gn);\n"
     "  const int lane = threadIdx.x % 32;\n"
     "  const i64 ca = c0 + 2 * (threadIdx.x / 32 * 4 + lane / 8);\n"
     "#pragma unroll\n"
@@ -626,7 +640,7 @@ void cg_emit_mxfp8(cg_buf *b, const cg_variant *v, int emu) {
   for (int x = 0; x < CG_DT_COUNT; x++) {
     cg_dtype_kv(kv, (cg_dtype)x, (cg_dtype)x);
     cg_entry(b, CG_NT_MX, "moec_mxfp8_quantize_${x}",
-             "const ${X} *x, u8 *q, u8 *scale, i64 ngroups, i64 gpr, i64 ldx, i64 sx, int rb",
+             "const ${X} *x, u8 *q, u8 *scale, i64 ngroups, i64 gpr, i64 ldx, i64 sx, int rb, const int *gat, i64 gk, i64 gn",
              "mxfp8_quantize<${X}>", kv, emu);
     cg_entry(b, CG_NT_MX, "moec_mxfp8_quantize_act_${x}",
              "const ${X} *gu, i64 ldg, const float *p, i64 F, u8 *q, u8 *scale, i64 ngroups", "mxfp8_quantize_act<${X}>", kv,
@@ -634,7 +648,8 @@ void cg_emit_mxfp8(cg_buf *b, const cg_variant *v, int emu) {
     cg_entry(b, CG_NT_MX, "moec_mxfp8_quantize_cols_${x}", "const ${X} *x, u8 *qt, u8 *scale_t, i64 rows, i64 cols",
              "mxfp8_quantize_cols<${X}>", kv, emu);
     cg_entry(b, CG_NT_MX, "moec_mxfp8_quantize_cols_experts_${x}",
-             "const ${X} *x, u8 *qt, float *sf, i64 C, const int *counts, i64 E, i64 units, i64 ldx, i64 sx, int rb, i64 ldq",
+             "const ${X} *x, u8 *qt, float *sf, i64 C, const int *counts, i64 E, i64 units, i64 ldx, i64 sx, int rb, i64 ldq, "
+             "const int *gat, i64 gk, i64 gn",
              "mxfp8_quantize_cols_experts<${X}>", kv, emu);
     cg_entry(b, CG_NT_MX, "moec_mxfp8_dequantize_${x}", "const u8 *q, const u8 *scale, ${X} *x, i64 n",
              "mxfp8_dequantize<${X}>", kv, emu);

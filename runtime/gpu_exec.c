@@ -940,6 +940,9 @@ gpu_exec *gpu_exec_new(gpu_runtime *rt, const ir_graph *g, char *err, size_t err
     return NULL;
   }
   gpu_views_plan(g, &x->fp8, !x->grouped_device, x->last_use, x->view);
+  const char *ga = getenv("MOEC_GATHER"); /* 0: the permutes write xs and dy (for side-by-side timing) */
+  for (int id = 0; ga && strcmp(ga, "0") == 0 && id < g->n_nodes; id++)
+    if (x->view[id] == VIEW_GATHER) x->view[id] = VIEW_NONE;
   if (plan_stacks(x, err, errlen) != 0) {
     gpu_exec_free(x);
     return NULL;
@@ -1034,6 +1037,10 @@ int gpu_exec_run(gpu_exec *x, const int32_t *tokens, const int32_t *labels, int6
         if (g->nodes[v].op == OP_MXFP8_DEQUANTIZE && (!x->view[v] || x->view[v] == VIEW_DECODE) &&
             x->last_use[g->nodes[v].in[0]] == id)
           release(x, &x->val[g->nodes[v].in[0]]);
+        else if (x->view[v] == VIEW_GATHER) /* its input and perm live to its last quantize */
+          for (int k = 0; k < 2; k++) {
+            if (x->last_use[g->nodes[v].in[k]] == id) release(x, &x->val[g->nodes[v].in[k]]);
+          }
         else if (x->view[v] && x->last_use[gpu_view_root(g, x->view, v)] == id)
           release(x, &x->val[gpu_view_root(g, x->view, v)]);
       }

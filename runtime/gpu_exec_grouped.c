@@ -39,6 +39,10 @@ int exec_EXPERT_SORT(gx *x, int id) {
 int exec_EXPERT_PERMUTE(gx *x, int id) {
   const dev_value *a = V(id, 0);
   int64_t k = ir_get_int(N(id), "top_k", 1);
+  if (x->view[id] == VIEW_GATHER && !x->keep_all) { /* its quantizes gather the rows (gpu_views.h) */
+    x->val[id] = (dev_value){.rows = a->rows * k, .numel = a->rows * k * COLS(id)};
+    return 0;
+  }
   cg_dtype tw = N(id)->n_in > 2 ? DT(x, N(id)->in[2]) : CG_DT_F32;
   if (alloc_out(x, id, a->rows * k, 0)) return -1;
   if (DT(x, N(id)->in[0]) != DT(x, id)) return fail(x, id, "input and output dtypes differ");
@@ -216,9 +220,13 @@ static int fp8_pack(gx *x, int id) {
   size_t es = dsize(x->g->nodes[n->in[0]].type.dtype);
   int kind = x->fp8.kind[id];
   v->sq = 0;
-  /* the input: a itself, or through a cast view (rounded here) and/or a slice's window */
+  /* the input: a itself, or through a cast view (rounded here) and/or a slice's window, or the
+     rows of an expert_permute's input gathered through its perm */
   int r = n->in[0], rb = 0;
-  int64_t sx = 0;
+  int64_t sx = 0, gk = 1, gn = 0;
+  gpu_ptr gat = 0;
+  if (x->view[r] == VIEW_GATHER && !x->val[r].p)
+    gk = ir_get_int(N(r), "top_k", 1), gat = V(r, 1)->p, r = N(r)->in[0], gn = x->val[r].rows;
   if (x->view[r] == VIEW_CAST && !x->val[r].p) rb = 1, r = N(r)->in[0];
   if (x->view[r] == VIEW_WINDOW && !x->val[r].p) sx = ir_get_int(N(r), "start", 0), r = N(r)->in[0];
   gpu_ptr src = x->val[r].p;
@@ -228,12 +236,12 @@ static int fp8_pack(gx *x, int id) {
     int64_t S = a->rows, K = COLS(id);
     if (packed_bufs(x, id, (size_t)(S * K), (size_t)(S * K / block))) return -1;
     return ck(x, id, rt_cuda_mxfp8_quantize_win(KX, t, src, ldx, sx, rb, S, K, block, (int)ir_get_int(n, "share128", 0),
-                                                v->q8, v->s8));
+                                                v->q8, v->s8, gat, gk, gn));
   }
   if (kind == FP8_ROWS) { /* (S, K): E4M3 as is, E8M0 codes; the reader lays the scales out per expert */
     int64_t S = a->rows, K = COLS(id);
     if (packed_bufs(x, id, (size_t)((S + 16) * K), (size_t)(S * K / block))) return -1; /* 16 rows of slack (gpu_fp8.h) */
-    return ck(x, id, rt_cuda_mxfp8_quantize_win(KX, t, src, ldx, sx, rb, S, K, block, 1, v->q8, v->s8));
+    return ck(x, id, rt_cuda_mxfp8_quantize_win(KX, t, src, ldx, sx, rb, S, K, block, 1, v->q8, v->s8, gat, gk, gn));
   }
   if (kind == FP8_COLS) { /* (S, C) by expert: transposed, padded expert blocks with f32 scales; for
                               the wgmma kernel one (C, fp8_cols_ld) matrix (gpu_wgmma.h) */
@@ -241,7 +249,7 @@ static int fp8_pack(gx *x, int id) {
     if (packed_bufs(x, id, (size_t)(C * (ldq > S + 128 * E ? ldq : S + 128 * E)), (size_t)(C * (S / 128 + E)) * 4))
       return -1;
     return ck(x, id, rt_cuda_mxfp8_quantize_cols_experts_win(KX, t, src, ldx, sx, rb, S, C, V(id, 1)->p, E, ldq, v->q8,
-                                                             v->s8));
+                                                             v->s8, gat, gk, gn));
   }
   /* weights (E, A, B): W_IN along A -> (E, B, A) transposed; W_OUT along B -> as is. Then the
    * f32 scales, one segment of N rows per expert. */

@@ -264,9 +264,12 @@ int rt_cuda_mxfp8_quantize(rt_cuda *k, cg_dtype t, gpu_ptr x /* (rows, cols) */,
                            int64_t block, int share128, gpu_ptr q /* u8 (rows, cols) */,
                            gpu_ptr scale /* u8 (rows, cols/block) */);
 /* The same of x's columns [sx, sx + cols), x (rows, ldx) in t, each value first rounded to bf16
- * when round_bf16 (a cast f32 -> bf16 that the quantize reads through, never written). */
+ * when round_bf16 (a cast f32 -> bf16 that the quantize reads through, never written). With
+ * gather (i32 (rows), an expert_permute's perm of top_k gk over x's gn rows): row r is x's row
+ * gather[r] / gk, the permute read through and never written (gpu_views.h, VIEW_GATHER). */
 int rt_cuda_mxfp8_quantize_win(rt_cuda *k, cg_dtype t, gpu_ptr x, int64_t ldx, int64_t sx, int round_bf16, int64_t rows,
-                               int64_t cols, int64_t block, int share128, gpu_ptr q, gpu_ptr scale);
+                               int64_t cols, int64_t block, int share128, gpu_ptr q, gpu_ptr scale, gpu_ptr gather,
+                               int64_t gk, int64_t gn);
 /* rt_cuda_mlp_act into act (S, F), stored as t, then rt_cuda_mxfp8_quantize of act, in one pass
  * (act never in memory): the same q and scale bit for bit. */
 int rt_cuda_mxfp8_quantize_act(rt_cuda *k, cg_dtype t, gpu_ptr gu, int64_t ldg, gpu_ptr probs, int64_t S, int64_t F,
@@ -321,10 +324,11 @@ int rt_cuda_mxfp8_quantize_cols_experts(rt_cuda *k, cg_dtype t, gpu_ptr x, int64
                                         gpu_ptr qt, gpu_ptr sf);
 /* The same of x's columns [sx, sx + C), x (S, ldx), rounded to bf16 first when round_bf16;
  * ldq > 0 lays qt out as one (C, ldq) matrix instead, expert e's block at columns Poff_e..
- * (ldq >= fp8_cols_ld(S, E); the layout gpu_wgmma's TMA reads, one tensor map for all). */
+ * (ldq >= fp8_cols_ld(S, E); the layout gpu_wgmma's TMA reads, one tensor map for all).
+ * gather, gk, gn: rows through an expert_permute, as rt_cuda_mxfp8_quantize_win. */
 int rt_cuda_mxfp8_quantize_cols_experts_win(rt_cuda *k, cg_dtype t, gpu_ptr x, int64_t ldx, int64_t sx, int round_bf16,
                                             int64_t S, int64_t C, gpu_ptr counts, int64_t E, int64_t ldq, gpu_ptr qt,
-                                            gpu_ptr sf);
+                                            gpu_ptr sf, gpu_ptr gather, int64_t gk, int64_t gn);
 /* Columns enough for the padded expert blocks of S rows in E experts: the sum of 128
  * ceil(m_e/128) is a multiple of 128 of at most S + 127 E (and at least 128, so never 0). */
 static inline int64_t fp8_cols_ld(int64_t S, int64_t E) {

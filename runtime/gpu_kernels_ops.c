@@ -597,12 +597,22 @@ static int mx_check(rt_cuda *k, const char *what, int64_t along, int64_t block, 
 
 int rt_cuda_mxfp8_quantize(rt_cuda *k, cg_dtype t, gpu_ptr x, int64_t rows, int64_t cols, int64_t block, int share128,
                            gpu_ptr q, gpu_ptr scale) {
-  return rt_cuda_mxfp8_quantize_win(k, t, x, cols, 0, 0, rows, cols, block, share128, q, scale);
+  return rt_cuda_mxfp8_quantize_win(k, t, x, cols, 0, 0, rows, cols, block, share128, q, scale, 0, 1, 0);
+}
+
+/* A gather's top_k and source rows (rt_cuda_mxfp8_quantize_win): rows = gn gk. */
+static int gather_check(rt_cuda *k, const char *what, gpu_ptr gather, int64_t gk, int64_t gn, int64_t rows) {
+  if (gather && (gk < 1 || gn * gk != rows))
+    return rtk_fail(k, "%s: a gather of top_k %lld over %lld rows cannot make %lld rows (%s)", what, (long long)gk,
+                    (long long)gn, (long long)rows, ck_strerror(CK_ESHAPE));
+  return 0;
 }
 
 int rt_cuda_mxfp8_quantize_win(rt_cuda *k, cg_dtype t, gpu_ptr x, int64_t ldx, int64_t sx, int round_bf16, int64_t rows,
-                               int64_t cols, int64_t block, int share128, gpu_ptr q, gpu_ptr scale) {
-  if (mx_check(k, "mxfp8_quantize", cols, block, share128)) return -1;
+                               int64_t cols, int64_t block, int share128, gpu_ptr q, gpu_ptr scale, gpu_ptr gather,
+                               int64_t gk, int64_t gn) {
+  if (mx_check(k, "mxfp8_quantize", cols, block, share128) || gather_check(k, "mxfp8_quantize", gather, gk, gn, rows))
+    return -1;
   if (sx < 0 || sx + cols > ldx)
     return rtk_fail(k, "mxfp8_quantize: columns [%lld, %lld) of %lld (%s)", (long long)sx, (long long)(sx + cols),
                     (long long)ldx, ck_strerror(CK_ESHAPE));
@@ -613,7 +623,7 @@ int rt_cuda_mxfp8_quantize_win(rt_cuda *k, cg_dtype t, gpu_ptr x, int64_t ldx, i
   KN("mxfp8_quantize", 1, t);
   /* QR_U = 4 chunks (of 8 elements) a thread (cg_mxfp8.c) */
   return rtk_launch(k, CG_FAM_MXFP8, &v, name, rtk_blocks(ngroups * tpg, CG_NT_MX * 4), 1, CG_NT_MX,
-                    ARGS(&x, &q, &scale, &ngroups, &gpr, &ldx, &sx, &rb));
+                    ARGS(&x, &q, &scale, &ngroups, &gpr, &ldx, &sx, &rb, &gather, &gk, &gn));
 }
 
 int rt_cuda_mxfp8_quantize_act(rt_cuda *k, cg_dtype t, gpu_ptr gu, int64_t ldg, gpu_ptr probs, int64_t S, int64_t F,
@@ -663,12 +673,13 @@ int rt_cuda_mxfp8_scales_vec128(rt_cuda *k, gpu_ptr scale, int64_t rows, int64_t
 
 int rt_cuda_mxfp8_quantize_cols_experts(rt_cuda *k, cg_dtype t, gpu_ptr x, int64_t S, int64_t C, gpu_ptr counts, int64_t E,
                                         gpu_ptr qt, gpu_ptr sf) {
-  return rt_cuda_mxfp8_quantize_cols_experts_win(k, t, x, C, 0, 0, S, C, counts, E, 0, qt, sf);
+  return rt_cuda_mxfp8_quantize_cols_experts_win(k, t, x, C, 0, 0, S, C, counts, E, 0, qt, sf, 0, 1, 0);
 }
 
 int rt_cuda_mxfp8_quantize_cols_experts_win(rt_cuda *k, cg_dtype t, gpu_ptr x, int64_t ldx, int64_t sx, int round_bf16,
                                             int64_t S, int64_t C, gpu_ptr counts, int64_t E, int64_t ldq, gpu_ptr qt,
-                                            gpu_ptr sf) {
+                                            gpu_ptr sf, gpu_ptr gather, int64_t gk, int64_t gn) {
+  if (gather_check(k, "mxfp8_quantize_cols_experts", gather, gk, gn, S)) return -1;
   if (sx < 0 || sx + C > ldx)
     return rtk_fail(k, "mxfp8_quantize_cols_experts: columns [%lld, %lld) of %lld (%s)", (long long)sx, (long long)(sx + C),
                     (long long)ldx, ck_strerror(CK_ESHAPE));
@@ -682,5 +693,5 @@ int rt_cuda_mxfp8_quantize_cols_experts_win(rt_cuda *k, cg_dtype t, gpu_ptr x, i
   KN("mxfp8_quantize_cols_experts", 1, t);
   int64_t blocks = (C + 63) / 64 * units; /* one block a tile of 128 rows by 64 columns (cg_mxfp8.c, QC_COLS) */
   return rtk_launch(k, CG_FAM_MXFP8, &v, name, (uint64_t)blocks, 1, CG_NT_MX,
-                    ARGS(&x, &qt, &sf, &C, &counts, &E, &units, &ldx, &sx, &rb, &ldq));
+                    ARGS(&x, &qt, &sf, &C, &counts, &E, &units, &ldx, &sx, &rb, &ldq, &gather, &gk, &gn));
 }

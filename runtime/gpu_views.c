@@ -156,6 +156,25 @@ void gpu_views_plan(const ir_graph *g, const gpu_fp8_plan *fp8, int blas, int *l
     view[id] = VIEW_DECODE;
     if (last_use[nd->in[0]] < last_use[id]) last_use[nd->in[0]] = last_use[id];
   }
+  /* the expert-sorted rows that only FP8-packing quantizes read: gathered by them from the
+     permute's input, which (with the perm) then lives until they have */
+  for (int id = 0; id < g->n_nodes; id++) {
+    const ir_node *nd = &g->nodes[id];
+    if (nd->op != OP_EXPERT_PERMUTE || nd->n_in != 2 || is_output(g, id) || view[nd->in[0]] ||
+        stored_bf16(g->nodes[nd->in[0]].type.dtype) != stored_bf16(nd->type.dtype))
+      continue;
+    int readers = 0, ok = 1;
+    for (int r = id + 1; r < g->n_nodes && ok; r++)
+      for (int j = 0; j < g->nodes[r].n_in; j++)
+        if (g->nodes[r].in[j] == id) {
+          readers++;
+          ok &= j == 0 && reads_cast(g, fp8, r);
+        }
+    if (!ok || !readers) continue;
+    view[id] = VIEW_GATHER;
+    for (int j = 0; j < 2; j++)
+      if (last_use[nd->in[j]] < last_use[id]) last_use[nd->in[j]] = last_use[id];
+  }
   /* every link of a chain lives to the reader: a link with a pointer (a slab, an alias) is read
      through the link above it, and the root holds the memory */
   for (int id = 0; id < g->n_nodes; id++)

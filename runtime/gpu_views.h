@@ -33,6 +33,8 @@ typedef enum {
   VIEW_DECODE = 10,  /* an mxfp8_dequantize of a stored quantize (FP8_STORE: the saved gate_up) read only as
                         gate_up by split grouped_mlp_bwd's: writes nothing; they decode the packed E4M3 and
                         E8M0 codes (rt_cuda_mlp_bwd_split_mx), which live until they read them */
+  VIEW_GATHER = 11, /* an expert_permute (no weights) read only by FP8-packing quantizes (the forward's xs,
+                        the backward's dy): writes nothing; they read its input's rows through its perm */
   VIEW_KINDS
 } gpu_view;
 

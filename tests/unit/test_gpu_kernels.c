@@ -878,7 +878,7 @@ static void test_mxfp8(cg_dtype t, int block, int share) {
     uint8_t *qw = malloc(nw), *sw = malloc(nw / block);
     CHECK(ck_mxfp8_quantize(win, rows, w, block, share, qw, sw) == CK_OK, "ck_mxfp8_quantize");
     gpu_ptr dxf = up_f(xf, n, CG_DT_F32);
-    RUN(rt_cuda_mxfp8_quantize_win(K, CG_DT_F32, dxf, cols, s0, 1, rows, w, block, share, dq, ds));
+    RUN(rt_cuda_mxfp8_quantize_win(K, CG_DT_F32, dxf, cols, s0, 1, rows, w, block, share, dq, ds, 0, 1, 0));
     download(gq, dq, nw);
     download(gs, ds, nw / block);
     CHECK(memcmp(qw, gq, nw) == 0 && memcmp(sw, gs, nw / block) == 0, "mxfp8 quantize of a window, rounded to bf16, differs");
@@ -978,18 +978,62 @@ static void test_fp8_operands(cg_dtype t) {
     for (int64_t r = 0; r < S; r++) memcpy(win + r * C, xw + r * W + s0, (size_t)C * sizeof *win);
     ck_round_bf16(win, S * C);
     gpu_ptr dxw = up_f(xw, S * W, CG_DT_F32);
-    RUN(rt_cuda_mxfp8_quantize_cols_experts_win(K, CG_DT_F32, dxw, W, s0, 1, S, C, dc, E4, 0, dq, dsf));
+    RUN(rt_cuda_mxfp8_quantize_cols_experts_win(K, CG_DT_F32, dxw, W, s0, 1, S, C, dc, E4, 0, dq, dsf, 0, 1, 0));
     download(gq, dq, (size_t)(C * Ptot));
     download(gsf, dsf, (size_t)(C * Ptot / 128) * 4);
     bad = cols_experts_bad(win, S, C, counts, E4, gq, gsf);
     CHECK(bad == 0, "quantize_cols_experts of a window, rounded to bf16, differs (%lld bad blocks)", (long long)bad);
     free(xw), free(win);
   }
+  { /* through an expert_permute's gather (VIEW_GATHER): rows r of xs = x2's row perm[r] / 2, x2 (S / 2, C) and
+       (S / 2, KD); the column and the row quantizes byte for byte those of the permuted rows written out */
+    const int64_t gk = 2, gn = S / 2;
+    int32_t *perm = malloc((size_t)S * 4);
+    uint64_t st = 0x2545F4914F6CDD1Dull;
+    for (int64_t r = 0; r < S; r++) perm[r] = (int32_t)r;
+    for (int64_t r = S - 1; r > 0; r--) { /* Fisher-Yates with xorshift */
+      st ^= st << 13, st ^= st >> 7, st ^= st << 17;
+      const int64_t j = (int64_t)(st % (uint64_t)(r + 1));
+      const int32_t tmp = perm[r];
+      perm[r] = perm[j], perm[j] = tmp;
+    }
+    gpu_ptr dperm = up_raw(perm, (size_t)S * 4);
+    for (int pass = 0; pass < 2; pass++) {
+      const int64_t W = pass ? KD : C; /* columns: pass 0 the column quantize, pass 1 the row one */
+      float *x2 = mx_input(gn, W, t), *xs = falloc(S * W);
+      for (int64_t r = 0; r < S; r++) memcpy(xs + r * W, x2 + perm[r] / gk * W, (size_t)W * sizeof *xs);
+      gpu_ptr dx2 = up_f(x2, gn * W, t), dxs = up_f(xs, S * W, t);
+      const size_t qb = pass ? (size_t)(S * W) : (size_t)(C * Ptot), sb = pass ? (size_t)(S * W / 32) : (size_t)(C * Ptot / 128) * 4;
+      gpu_ptr q0 = dmalloc(qb), s0 = dmalloc(sb), q1 = dmalloc(qb), s1 = dmalloc(sb);
+      if (pass) {
+        RUN(rt_cuda_mxfp8_quantize_win(K, t, dxs, W, 0, 0, S, W, 32, 1, q0, s0, 0, 1, 0));
+        RUN(rt_cuda_mxfp8_quantize_win(K, t, dx2, W, 0, 0, S, W, 32, 1, q1, s1, dperm, gk, gn));
+      } else {
+        RUN(rt_cuda_mxfp8_quantize_cols_experts_win(K, t, dxs, W, 0, 0, S, W, dc, E4, 0, q0, s0, 0, 1, 0));
+        RUN(rt_cuda_mxfp8_quantize_cols_experts_win(K, t, dx2, W, 0, 0, S, W, dc, E4, 0, q1, s1, dperm, gk, gn));
+      }
+      uint8_t *h0 = malloc(qb + sb), *h1 = malloc(qb + sb);
+      download(h0, q0, qb), download(h0 + qb, s0, sb), download(h1, q1, qb), download(h1 + qb, s1, sb);
+      if (!pass) { /* the reference itself against the CPU */
+        bad = cols_experts_bad(xs, S, C, counts, E4, h0, (const float *)(const void *)(h0 + qb));
+        CHECK(bad == 0, "quantize_cols_experts of the permuted rows differs from the CPU (%lld bad blocks)", (long long)bad);
+      }
+      CHECK(memcmp(h0, h1, qb + sb) == 0, "%s quantize through a gather differs from the written-out permute",
+            pass ? "the row" : "the expert column");
+      CHECK(pass ? rt_cuda_mxfp8_quantize_win(K, t, dx2, W, 0, 0, S, W, 32, 1, q1, s1, dperm, gk, gn + 1) != 0
+                 : rt_cuda_mxfp8_quantize_cols_experts_win(K, t, dx2, W, 0, 0, S, W, dc, E4, 0, q1, s1, dperm, 3, gn) != 0,
+            "a gather whose rows do not make S was accepted");
+      printf("  %-44s %6lld values, bit-exact\n", pass ? "rows through a gather (top_k 2)" : "expert columns through a gather",
+             (long long)(S * W));
+      free(x2), free(xs), free(h0), free(h1);
+    }
+    free(perm);
+  }
   { /* the same blocks as columns of one (C, ldq) matrix: byte for byte the blocks above */
     const int64_t ldq = fp8_cols_ld(S, E4) + 128;
     gpu_ptr dq1 = dmalloc((size_t)(C * ldq)), dsf1 = dmalloc((size_t)(C * Ptot / 128) * 4);
     RUN(rt_cuda_mxfp8_quantize_cols_experts(K, t, dx, S, C, dc, E4, dq, dsf));
-    RUN(rt_cuda_mxfp8_quantize_cols_experts_win(K, t, dx, C, 0, 0, S, C, dc, E4, ldq, dq1, dsf1));
+    RUN(rt_cuda_mxfp8_quantize_cols_experts_win(K, t, dx, C, 0, 0, S, C, dc, E4, ldq, dq1, dsf1, 0, 1, 0));
     uint8_t *g1 = malloc((size_t)(C * ldq));
     float *s1 = falloc(C * Ptot / 128);
     download(gq, dq, (size_t)(C * Ptot));
@@ -1004,7 +1048,7 @@ static void test_fp8_operands(cg_dtype t) {
     }
     CHECK(diff == 0 && memcmp(gsf, s1, (size_t)(C * Ptot / 128) * 4) == 0,
           "quantize_cols_experts into one (C, ldq) matrix differs from its blocks (%lld rows)", (long long)diff);
-    CHECK(rt_cuda_mxfp8_quantize_cols_experts_win(K, t, dx, C, 0, 0, S, C, dc, E4, 128, dq1, dsf1) != 0,
+    CHECK(rt_cuda_mxfp8_quantize_cols_experts_win(K, t, dx, C, 0, 0, S, C, dc, E4, 128, dq1, dsf1, 0, 1, 0) != 0,
           "quantize_cols_experts accepted ldq 128 for %lld rows in %lld experts", (long long)S, (long long)E4);
     free(g1), free(s1);
   }
@@ -1083,7 +1127,7 @@ static void test_mxfp8_shapes(cg_dtype t) {
     if (t == CG_DT_F32) { /* through a cast to bf16 never written */
       ck_round_bf16(win, S * C);
       gpu_ptr dxw = up_f(xw, S * W, CG_DT_F32);
-      RUN(rt_cuda_mxfp8_quantize_cols_experts_win(K, CG_DT_F32, dxw, W, s0, 1, S, C, dc, E, 0, dq, dsf));
+      RUN(rt_cuda_mxfp8_quantize_cols_experts_win(K, CG_DT_F32, dxw, W, s0, 1, S, C, dc, E, 0, dq, dsf, 0, 1, 0));
     } else { /* x itself, bf16 */
       ck_round_bf16(win, S * C);
       gpu_ptr dx = up_f(win, S * C, CG_DT_BF16);

@@ -70,6 +70,19 @@ static void check_plan(const char *precision, int fp8_on, int blas, int counts[V
               g->nodes[u].in[0], last[g->nodes[u].in[0]]);
     }
     if (view[id] == VIEW_ALIAS) CHECK(!p.skip[id], "%%%d: a skipped dequantize made an alias", id);
+    if (view[id] == VIEW_GATHER) {
+      CHECK(n->op == OP_EXPERT_PERMUTE && n->n_in == 2, "%%%d (%s) gathers, but is no unweighted expert_permute", id,
+            ir_ops[n->op].name);
+      for (int r = id + 1; r < g->n_nodes; r++)
+        for (int j = 0; j < g->nodes[r].n_in; j++)
+          if (g->nodes[r].in[j] == id) {
+            CHECK(g->nodes[r].op == OP_MXFP8_QUANTIZE && j == 0 && !p.values[r] &&
+                      (p.kind[r] == FP8_ROWS || p.kind[r] == FP8_COLS),
+                  "%%%d (%s) reads the gathered %%%d but packs nothing", r, ir_ops[g->nodes[r].op].name, id);
+            CHECK(last[n->in[0]] >= r && last[n->in[1]] >= r, "%%%d gathers through %%%d, whose input or perm is freed first",
+                  r, id);
+          }
+    }
     if (view[id] == VIEW_STACKED)
       for (int j = 0; j < n->n_in; j++)
         CHECK(view[n->in[j]] == VIEW_IN_STACK && g->nodes[g->nodes[n->in[j]].in[0]].op == OP_PARAM,
@@ -89,10 +102,10 @@ static void check_plan(const char *precision, int fp8_on, int blas, int counts[V
   }
   if (!blas) CHECK(!counts[VIEW_SPLIT] && !counts[VIEW_PIECE], "%s: a split without cuBLASLt", precision);
   printf("%-18s fp8 %s blas %d: %d windows, %d aliases, %d cast views, %d slabs, %d strided, %d stacked (%d casts), "
-         "%d split (%d pieces), %d decoded\n",
+         "%d split (%d pieces), %d decoded, %d gathered\n",
          precision, fp8_on ? "on " : "off", blas, counts[VIEW_WINDOW], counts[VIEW_ALIAS], counts[VIEW_CAST], counts[VIEW_SLAB],
          counts[VIEW_STRIDED], counts[VIEW_STACKED], counts[VIEW_IN_STACK], counts[VIEW_SPLIT], counts[VIEW_PIECE],
-         counts[VIEW_DECODE]);
+         counts[VIEW_DECODE], counts[VIEW_GATHER]);
   free(view);
   free(last);
   gpu_fp8_plan_free(&p);
@@ -171,6 +184,10 @@ int main(void) {
         "mxfp8(block=128) with FP8 on cuBLASLt: the pieces' casts (cast views before) are aliases");
   /* and the stored gate_up of each layer is decoded by its split backward, never expanded */
   CHECK(c[VIEW_DECODE] == 2, "mxfp8(block=128) with FP8 on cuBLASLt: %d decoded gate_ups, want 2", c[VIEW_DECODE]);
+  /* each layer's xs (forward) and dy (backward) permutes, read only by their FP8 row and column quantizes */
+  CHECK(c[VIEW_GATHER] == 2 * 2, "mxfp8(block=128) with FP8 on cuBLASLt: %d gathered permutes, want 4", c[VIEW_GATHER]);
+  check_plan("mxfp8(block=128)", 0, 1, c);
+  CHECK(c[VIEW_GATHER] == 0, "without FP8 GEMMs (quantizes that write values): %d gathered permutes, want 0", c[VIEW_GATHER]);
   if (failures) {
     printf("test_views_plan: %d failures\n", failures);
     return 1;
