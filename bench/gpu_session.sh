@@ -40,8 +40,9 @@
 #            fp8tile's peer                                                              [150 s]
 #   fp8tilenr  fp8tile without the fuse-residual pass (the residual adds as separate kernels),
 #            reusing fp8tile's peer                                                      [100 s]
-#   fp8tilegn  fp8tile with MOEC_GATHER=0 (the expert permutes write xs and dy instead of their
-#            quantizes gathering the rows), reusing fp8tile's peer                         [100 s]
+#   fp8tilegn  fp8tile with MOEC_GATHER=1 (the FP8 quantizes gather the permuted rows instead of
+#            the expert permutes writing xs and dy; opt-in until run on a GPU), reusing fp8tile's
+#            peer                                                                        [100 s]
 #   fp8tilecp  fp8tile with MOEC_SQUARES=0 (the expert weights kept as bf16 copies and quantized
 #            each step instead of AdamW writing their squares), reusing fp8tile's peer   [100 s]
 #   fp8tilembcp  fp8tilemb with MOEC_SQUARES=0 (bf16 moments, the copies quantized each step) [100 s]
@@ -202,7 +203,7 @@ for part in "${parts[@]}"; do
     bench LOGDIR=$L/$part PEER_SKIP=1 PRECISION='mxfp8(block=128,weight_tile=128)' MOEC_ARGS=$FUSED_MX_NR timeout 150 bash bench/run_bench.sh genos_1b ;;
   fp8tilegn)
     peer_from "$L/fp8tile" "$L/$part"
-    bench LOGDIR=$L/$part PEER_SKIP=1 MOEC_GATHER=0 PRECISION='mxfp8(block=128,weight_tile=128)' MOEC_ARGS=$FUSED_MX timeout 150 bash bench/run_bench.sh genos_1b ;;
+    bench LOGDIR=$L/$part PEER_SKIP=1 MOEC_GATHER=1 PRECISION='mxfp8(block=128,weight_tile=128)' MOEC_ARGS=$FUSED_MX timeout 150 bash bench/run_bench.sh genos_1b ;;
   fp8tilecp)
     peer_from "$L/fp8tile" "$L/$part"
     bench LOGDIR=$L/$part PEER_SKIP=1 MOEC_SQUARES=0 PRECISION='mxfp8(block=128,weight_tile=128)' MOEC_ARGS=$FUSED_MX timeout 150 bash bench/run_bench.sh genos_1b ;;
