@@ -13,9 +13,10 @@
  *
  * The fused op rounds its own result to the result type before adding (ops.def), so the sum is
  * the add's bit for bit on every backend: the pass changes no number. It runs last before dce,
- * on the finished step (forward, backward and the mxfp8 ops), and moves the producer to the
- * add's place: the residual may be made after the producer (the router's gradient is).
- * A producer read by anything but the add, or a graph output, stays as it is. */
+ * on the finished step (forward, backward and the mxfp8 ops). The fused op takes the producer's
+ * place where the residual exists by then, else the add's (the router's gradient is made after
+ * the combine's unpermute: that unpermute's [S, H] input then lives through the router's
+ * backward). A producer read by anything but the add, or a graph output, stays as it is. */
 #include <stdlib.h>
 
 #include "pipeline.h"
@@ -45,7 +46,7 @@ int pass_fuse_residual(ir_graph **gp, FILE *err) {
   ir_graph *g = *gp;
   ir_uses u;
   int *side = malloc(((size_t)g->n_nodes + 1) * sizeof *side); /* (n_nodes) the absorbed operand of an add, or -1 */
-  char *moved = calloc((size_t)g->n_nodes + 1, 1);              /* (n_nodes) a producer emitted at its add */
+  int *moved = calloc((size_t)g->n_nodes + 1, sizeof *moved);   /* (n_nodes) a folded producer: its add's id + 1 */
   if (!side || !moved || uses_build(g, &u)) {
     free(side);
     free(moved);
@@ -55,7 +56,7 @@ int pass_fuse_residual(ir_graph **gp, FILE *err) {
   int n_fused = 0;
   for (int id = 0; id < g->n_nodes; id++) {
     side[id] = absorbed_side(g, &u, id);
-    if (side[id] >= 0) moved[g->nodes[id].in[side[id]]] = 1, n_fused++;
+    if (side[id] >= 0) moved[g->nodes[id].in[side[id]]] = id + 1, n_fused++;
   }
   uses_free(&u);
   if (n_fused == 0) {
@@ -70,15 +71,20 @@ int pass_fuse_residual(ir_graph **gp, FILE *err) {
     return -1;
   }
   for (int id = 0; id < g->n_nodes && !r.failed; id++) {
-    if (moved[id]) continue; /* emitted at its add, below */
-    if (side[id] < 0) {
+    int a_id = id; /* the add to fold at this place */
+    if (moved[id]) {
+      a_id = moved[id] - 1;
+      if (g->nodes[a_id].in[1 - side[a_id]] > id) continue; /* its residual comes later: at the add */
+    } else if (side[id] >= 0) {
+      if (r.map[id] >= 0) continue; /* folded at its producer's place */
+    } else {
       rw_copy(&r, id);
       continue;
     }
-    const ir_node *a = &g->nodes[id], *p = &g->nodes[a->in[side[id]]];
+    const ir_node *a = &g->nodes[a_id], *p = &g->nodes[a->in[side[a_id]]];
     int in[5], n_attrs = p->n_attrs;
     for (int j = 0; j < p->n_in; j++) in[j] = r.map[p->in[j]];
-    in[p->n_in] = r.map[a->in[1 - side[id]]];
+    in[p->n_in] = r.map[a->in[1 - side[a_id]]];
     ir_attr *attrs = malloc(((size_t)n_attrs + 1) * sizeof *attrs);
     if (!attrs) {
       fprintf(err, "moec: error: out of memory in fuse-residual\n");
@@ -94,7 +100,7 @@ int pass_fuse_residual(ir_graph **gp, FILE *err) {
     snprintf(note, sizeof note, "fuse-residual: with the add at %d:%d (its result rounded first: the same bits)", a->loc.line,
              a->loc.col);
     ir_set_note(r.g, f, note);
-    r.map[id] = f;
+    r.map[a_id] = f;
   }
   free(side);
   free(moved);

@@ -939,13 +939,11 @@ gpu_exec *gpu_exec_new(gpu_runtime *rt, const ir_graph *g, char *err, size_t err
     gpu_exec_free(x);
     return NULL;
   }
-  gpu_views_plan(g, &x->fp8, !x->grouped_device, x->last_use, x->view);
   /* MOEC_GATHER=1: the FP8 quantizes gather the permuted rows (VIEW_GATHER). Opt-in until it has
      run on a GPU: the CPU emulator's kernel and step tests pass, the H200 call that was to check
      and time it got no answer (bench/RESULTS.md, 2026-12-04 sixth session) */
   const char *ga = getenv("MOEC_GATHER");
-  for (int id = 0; !(ga && strcmp(ga, "1") == 0) && id < g->n_nodes; id++)
-    if (x->view[id] == VIEW_GATHER) x->view[id] = VIEW_NONE;
+  gpu_views_plan(g, &x->fp8, !x->grouped_device, ga && strcmp(ga, "1") == 0, x->last_use, x->view);
   if (plan_stacks(x, err, errlen) != 0) {
     gpu_exec_free(x);
     return NULL;
@@ -1071,4 +1069,10 @@ int gpu_exec_run(gpu_exec *x, const int32_t *tokens, const int32_t *labels, int6
     routes_release(x);
   }
   return rc;
+}
+
+int gpu_exec_gathers(const gpu_exec *x) {
+  int n = 0;
+  for (int id = 0; id < x->g->n_nodes; id++) n += x->view[id] == VIEW_GATHER;
+  return n;
 }

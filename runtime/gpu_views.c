@@ -103,7 +103,7 @@ static int stack_of_param_casts(const ir_graph *g, const int *last_use, int s) {
  * - a stack of parameter casts (the expert weights), and those casts;
  * - a grouped_mlp_bwd read through slices and casts to bf16: its pieces written apart (split),
  *   which replaces its slices' windows and casts (gpu_views.h). */
-void gpu_views_plan(const ir_graph *g, const gpu_fp8_plan *fp8, int blas, int *last_use, uint8_t *view) {
+void gpu_views_plan(const ir_graph *g, const gpu_fp8_plan *fp8, int blas, int gather, int *last_use, uint8_t *view) {
   for (int id = 0; id < g->n_nodes; id++) {
     const ir_node *nd = &g->nodes[id];
     int in0 = nd->n_in ? nd->in[0] : 0;
@@ -158,7 +158,7 @@ void gpu_views_plan(const ir_graph *g, const gpu_fp8_plan *fp8, int blas, int *l
   }
   /* the expert-sorted rows that only FP8-packing quantizes read: gathered by them from the
      permute's input, which (with the perm) then lives until they have */
-  for (int id = 0; id < g->n_nodes; id++) {
+  for (int id = 0; gather && id < g->n_nodes; id++) {
     const ir_node *nd = &g->nodes[id];
     if (nd->op != OP_EXPERT_PERMUTE || nd->n_in != 2 || is_output(g, id) || view[nd->in[0]] ||
         stored_bf16(g->nodes[nd->in[0]].type.dtype) != stored_bf16(nd->type.dtype))

@@ -47,8 +47,9 @@ static inline int64_t gpu_split_offset(int64_t S, int64_t F, int64_t start) {
 
 /* view (n_nodes) <- each node's gpu_view; last_use raised so that every link of a view chain
  * lives until the chain's readers. fp8: the graph's FP8 plan (all zero: no FP8). blas: the
- * grouped GEMMs run on cuBLASLt (not MOEC_GROUPED_GEMM=device), the only path that splits. */
-void gpu_views_plan(const ir_graph *g, const gpu_fp8_plan *fp8, int blas, int *last_use, uint8_t *view);
+ * grouped GEMMs run on cuBLASLt (not MOEC_GROUPED_GEMM=device), the only path that splits.
+ * gather: make VIEW_GATHER views (else no permute's input or perm lives longer for one). */
+void gpu_views_plan(const ir_graph *g, const gpu_fp8_plan *fp8, int blas, int gather, int *last_use, uint8_t *view);
 /* The value a chain of views reads in the end (v itself when v is no view, or a view whose
  * storage is persistent). */
 int gpu_view_root(const ir_graph *g, const uint8_t *view, int v);

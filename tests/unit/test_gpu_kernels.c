@@ -215,6 +215,16 @@ static void test_rmsnorm(cg_dtype tx, cg_dtype tw) {
   RUN(rt_cuda_rmsnorm_bwd(K, tx, tw, dx, dw, dg, dres, dres, 0, T, H, EPS));
   get_f(got2, dres, n, tx);
   cmp("rmsnorm bwd dx + residual, into the residual (exact)", got2, sum, n, tx, -1, 0);
+  { /* the residual one element off 16-byte alignment: the rows' scalar path */
+    float *res1 = falloc(n + 1);
+    res1[0] = 1.0f;
+    memcpy(res1 + 1, res, (size_t)n * sizeof *res);
+    gpu_ptr dres1 = up_f(res1, n + 1, tx) + (gpu_ptr)(tx == CG_DT_BF16 ? 2 : 4);
+    RUN(rt_cuda_rmsnorm_bwd(K, tx, tw, dx, dw, dg, dres1, dgx, 0, T, H, EPS));
+    get_f(got2, dgx, n, tx);
+    cmp("rmsnorm bwd dx + residual, unaligned (exact)", got2, sum, n, tx, -1, 0);
+    free(res1);
+  }
   free(res), free(sum), free(got2);
   /* in place: dx aliasing dy */
   RUN(rt_cuda_rmsnorm_bwd(K, tx, tw, dx, dw, dg, 0, dg, 0, T, H, EPS));

@@ -27,13 +27,26 @@
 
 /* Counts of each view kind in g's plan (fp8 on or off, cuBLASLt grouped GEMMs or not), after
  * checking its invariants. */
-static void check_plan(const char *precision, int fp8_on, int blas, int counts[VIEW_KINDS]) {
+static void check_plan(const char *precision, int fp8_on, int blas, int gather, int counts[VIEW_KINDS]) {
   ir_graph *g = tiny_step(precision);
-  int *last = tiny_last_uses(g, 1);
+  int *last = tiny_last_uses(g, 1), *orig = tiny_last_uses(g, 1);
   gpu_fp8_plan p;
   CHECK(gpu_fp8_plan_new(g, fp8_on, last, &p) == 0, "fp8 plan");
+  for (int id = 0; id < g->n_nodes; id++) orig[id] = last[id]; /* as the FP8 plan leaves them */
   uint8_t *view = calloc((size_t)g->n_nodes + 1, 1);
-  gpu_views_plan(g, &p, blas, last, view);
+  gpu_views_plan(g, &p, blas, gather, last, view);
+  /* an expert permute's input and perm live past the permute only for a gather, and then to
+     its last quantize exactly */
+  for (int id = 0; id < g->n_nodes; id++) {
+    const ir_node *n = &g->nodes[id];
+    if (n->op != OP_EXPERT_PERMUTE) continue;
+    CHECK(gather || view[id] != VIEW_GATHER, "%%%d gathers with the gather off", id);
+    for (int j = 0; j < 2; j++) {
+      const int v = n->in[j], want = view[id] == VIEW_GATHER && last[id] > orig[v] ? last[id] : orig[v];
+      CHECK(last[v] == want, "%%%d's operand %%%d lives to %%%d, want %%%d (gather %s)", id, v, last[v], want,
+            view[id] == VIEW_GATHER ? "on" : "off");
+    }
+  }
   memset(counts, 0, VIEW_KINDS * sizeof *counts);
   for (int id = 0; id < g->n_nodes; id++) counts[view[id]]++;
   for (int i = 0; i < g->n_outputs; i++) CHECK(!view[g->outputs[i]], "output %%%d is a view", g->outputs[i]);
@@ -108,6 +121,7 @@ static void check_plan(const char *precision, int fp8_on, int blas, int counts[V
          counts[VIEW_DECODE], counts[VIEW_GATHER]);
   free(view);
   free(last);
+  free(orig);
   gpu_fp8_plan_free(&p);
   ir_graph_free(g);
 }
@@ -144,7 +158,7 @@ static void check_shared_cast(void) {
     gpu_fp8_plan p;
     CHECK(gpu_fp8_plan_new(g, 0, last, &p) == 0, "fp8 plan");
     uint8_t *view = calloc((size_t)g->n_nodes + 1, 1);
-    gpu_views_plan(g, &p, 1, last, view);
+    gpu_views_plan(g, &p, 1, 1, last, view);
     CHECK(view[st] == (shared ? VIEW_NONE : VIEW_STACKED), "stack with %s cast: view %d", shared ? "a shared" : "private",
           view[st]);
     CHECK(view[cast[0]] == (shared ? VIEW_NONE : VIEW_IN_STACK), "expert 0's cast (%s): view %d",
@@ -161,32 +175,34 @@ int main(void) {
   int c[VIEW_KINDS];
   check_shared_cast();
   /* with the device grouped GEMMs (blas 0): no split, no gate_up window */
-  check_plan("mxfp8(block=128)", 1, 0, c);
+  check_plan("mxfp8(block=128)", 1, 0, 1, c);
   /* the saved gate_up is stored packed (FP8_STORE): its dequantize expands it, no alias */
   CHECK(c[VIEW_WINDOW] > 0 && c[VIEW_ALIAS] == 0 && c[VIEW_CAST] > 0 && c[VIEW_SLAB] > 0,
         "mxfp8(block=128) with FP8: windows, cast views and slabs, no alias");
   /* tiny: 2 layers x (gate_up, down) stacks of 4 experts; 2 x 8 gate/up gradient windows */
   CHECK(c[VIEW_STACKED] == 4 && c[VIEW_IN_STACK] == 4 * 4 + 2 * 4 && c[VIEW_STRIDED] == 2 * 8,
         "mxfp8(block=128): 4 stacked weights of 24 casts, 16 strided gradients");
-  check_plan("mxfp8(block=128)", 0, 0, c);
+  check_plan("mxfp8(block=128)", 0, 0, 1, c);
   CHECK(c[VIEW_CAST] == 0 && c[VIEW_ALIAS] > 0, "without FP8 GEMMs: no cast view, dequantize aliases");
-  check_plan("bf16", 0, 0, c);
+  check_plan("bf16", 0, 0, 1, c);
   CHECK(c[VIEW_CAST] == 0 && c[VIEW_ALIAS] == 0 && c[VIEW_WINDOW] > 0 && c[VIEW_SLAB] > 0 && c[VIEW_STACKED] == 4 &&
             c[VIEW_STRIDED] == 16,
         "bf16: windows, slabs, strided gradients and stacked weights only");
   /* on cuBLASLt (the default): tiny's 2 grouped_mlp_bwd split, 3 pieces each, the casts of
      dg | du and act aliases; in bf16 the saved gate_up's slices are windows */
-  check_plan("bf16", 0, 1, c);
+  check_plan("bf16", 0, 1, 1, c);
   CHECK(c[VIEW_SPLIT] == 2 && c[VIEW_PIECE] == 2 * 3 && c[VIEW_ALIAS] == 2 * 2 && c[VIEW_CAST] == 0 && c[VIEW_WINDOW] >= 2,
         "bf16 on cuBLASLt: 2 splits of 3 pieces, 4 alias casts, gate_up windows");
-  check_plan("mxfp8(block=128)", 1, 1, c);
+  check_plan("mxfp8(block=128)", 1, 1, 1, c);
   CHECK(c[VIEW_SPLIT] == 2 && c[VIEW_PIECE] == 2 * 3 && c[VIEW_CAST] == 0 && c[VIEW_ALIAS] == 2 * 2,
         "mxfp8(block=128) with FP8 on cuBLASLt: the pieces' casts (cast views before) are aliases");
   /* and the stored gate_up of each layer is decoded by its split backward, never expanded */
   CHECK(c[VIEW_DECODE] == 2, "mxfp8(block=128) with FP8 on cuBLASLt: %d decoded gate_ups, want 2", c[VIEW_DECODE]);
   /* each layer's xs (forward) and dy (backward) permutes, read only by their FP8 row and column quantizes */
   CHECK(c[VIEW_GATHER] == 2 * 2, "mxfp8(block=128) with FP8 on cuBLASLt: %d gathered permutes, want 4", c[VIEW_GATHER]);
-  check_plan("mxfp8(block=128)", 0, 1, c);
+  check_plan("mxfp8(block=128)", 1, 1, 0, c); /* the gather off (the default): no view, no longer lives */
+  CHECK(c[VIEW_GATHER] == 0 && c[VIEW_SPLIT] == 2, "the gather off: %d gathered permutes, want 0", c[VIEW_GATHER]);
+  check_plan("mxfp8(block=128)", 0, 1, 1, c);
   CHECK(c[VIEW_GATHER] == 0, "without FP8 GEMMs (quantizes that write values): %d gathered permutes, want 0", c[VIEW_GATHER]);
   if (failures) {
     printf("test_views_plan: %d failures\n", failures);
