@@ -13,7 +13,7 @@
 const char *const sema_train_set_names[] = {
     "data",   "batch",  "seq",      "steps",    "seed",   "lr",        "betas",   "beta1",
     "beta2",  "weight_decay", "adam_eps", "warmup", "schedule", "min_lr", "clip", "precision",
-    "mx_block", "mx_weight_tile", "moments", "ep",   "dp",       "stride",   "overlap", "val_fraction", "val_every", "rc_augment",
+    "mx_block", "mx_weight_tile", "moments", "ep",   "dp",       "zero",       "stride",   "overlap", "val_fraction", "val_every", "rc_augment",
 };
 const int sema_n_train_set_names = (int)(sizeof sema_train_set_names / sizeof sema_train_set_names[0]);
 
@@ -260,23 +260,23 @@ static void precision(sema *S, ast_expr *e, diag_span *where) {
   }
 }
 
-/* parallel = { ep = N, dp = M } */
-static void parallel(sema *S, ast_expr *e, ast_expr **ep, ast_expr **dp) {
-  *ep = *dp = NULL;
+/* parallel = { ep = N, dp = M, zero = 0 | 1 } */
+static void parallel(sema *S, ast_expr *e, ast_expr **ep, ast_expr **dp, ast_expr **zero) {
+  *ep = *dp = *zero = NULL;
   if (!e) return;
   if (e->kind != EX_RECORD) {
     sv v = sema_eval(S, e);
     if (v.ty != TY_ERROR) diag_error(S->d, e->span, "'parallel' must be a record, e.g. { ep = 1, dp = 1 }");
     return;
   }
-  static const char *const names[] = {"ep", "dp"};
+  static const char *const names[] = {"ep", "dp", "zero"};
   for (int i = 0; i < e->n_args; i++) {
     ast_arg *g = &e->args[i];
-    ast_expr **slot = !strcmp(g->name, "ep") ? ep : !strcmp(g->name, "dp") ? dp : NULL;
+    ast_expr **slot = !strcmp(g->name, "ep") ? ep : !strcmp(g->name, "dp") ? dp : !strcmp(g->name, "zero") ? zero : NULL;
     if (!slot) {
-      const char *best = diag_suggest(g->name, names, 2);
+      const char *best = diag_suggest(g->name, names, 3);
       if (best) diag_error(S->d, g->name_span, "unknown parallel setting '%s'; did you mean '%s'?", g->name, best);
-      else diag_error(S->d, g->name_span, "unknown parallel setting '%s' (expected ep and dp)", g->name);
+      else diag_error(S->d, g->name_span, "unknown parallel setting '%s' (expected ep, dp and zero)", g->name);
       continue;
     }
     if (*slot) {
@@ -361,7 +361,7 @@ void sema_train(sema *S, const ast_stmt *train) {
           if (!strcmp(st->name, adamw_params[j])) is_adam = 1;
         const char *best = diag_suggest(st->name, train_keys, K_COUNT);
         if (is_adam) diag_error(S->d, st->name_span, "'%s' is an optimizer setting: write optimizer = adamw(%s = ...)", st->name, st->name);
-        else if (!strcmp(st->name, "ep") || !strcmp(st->name, "dp"))
+        else if (!strcmp(st->name, "ep") || !strcmp(st->name, "dp") || !strcmp(st->name, "zero"))
           diag_error(S->d, st->name_span, "'%s' is a parallel setting: write parallel = { %s = ... }", st->name, st->name);
         else if (best) diag_error(S->d, st->name_span, "unknown train setting '%s'; did you mean '%s'?", st->name, best);
         else diag_error(S->d, st->name_span, "unknown train setting '%s'", st->name);
@@ -416,8 +416,8 @@ void sema_train(sema *S, const ast_stmt *train) {
   ast_expr *pe = pick(S, "precision", k[K_PRECISION], &bad);
   if (pe && pe != k[K_PRECISION]) prec_at = pe->span;
   precision(S, pe, &prec_at);
-  ast_expr *ep = NULL, *dp = NULL;
-  parallel(S, k[K_PARALLEL], &ep, &dp);
+  ast_expr *ep = NULL, *dp = NULL, *zero = NULL;
+  parallel(S, k[K_PARALLEL], &ep, &dp, &zero);
   if ((x = pick(S, "ep", ep, &bad)) && !t_int(S, x, "ep", 1, 4096, &c->ep)) {
     if (S->have_router && c->experts % c->ep) {
       diag_error(S->d, x->span, "ep = %" PRId64 " does not divide experts (%" PRId64 ")", c->ep, c->experts);
@@ -428,6 +428,7 @@ void sema_train(sema *S, const ast_stmt *train) {
     }
   }
   if ((x = pick(S, "dp", dp, &bad))) t_int(S, x, "dp", 1, 1 << 20, &c->dp);
+  if ((x = pick(S, "zero", zero, &bad))) t_bool(S, x, "zero", &c->zero);
   ast_expr *st = pick(S, "stride", k[K_STRIDE], &bad), *ov = pick(S, "overlap", k[K_OVERLAP], &bad);
   c->stride = c->seq;
   if (st && ov) {

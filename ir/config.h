@@ -27,6 +27,7 @@ typedef struct {
   int64_t mx_block;   /* 32 or 128 when precision is mxfp8 */
   int64_t mx_weight_tile; /* 0, or 128: expert weights in 128 x 128 squares of one scale (needs block 128) */
   int64_t ep, dp;     /* expert- and data-parallel group sizes */
+  int zero;           /* ZeRO-1: each rank keeps the AdamW moments of its 1/G of every parameter (G its reduce group) */
   int64_t ep_rank;    /* this rank's index in its EP group (set by the driver, not by files): parallelize keeps its experts */
   int64_t stride;     /* window stride in bases (seq - overlap) */
   double val_fraction; /* held-out share of each record, by region */

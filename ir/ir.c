@@ -90,6 +90,14 @@ int64_t ir_type_numel_bound(const ir_graph *g, const ir_type *t) {
   return n;
 }
 
+int64_t ir_group_size(const ir_graph *g, const char *group) {
+  int64_t ep = g->cfg.ep > 1 ? g->cfg.ep : 1, dp = g->cfg.dp > 1 ? g->cfg.dp : 1;
+  if (!strcmp(group, "world")) return ep * dp;
+  if (!strcmp(group, "ep")) return ep;
+  if (!strcmp(group, "dp")) return dp;
+  return 0;
+}
+
 ir_attr ir_attr_int(const char *key, int64_t v) { return (ir_attr){key, IR_ATTR_INT, v, (double)v, NULL}; }
 ir_attr ir_attr_float(const char *key, double v) { return (ir_attr){key, IR_ATTR_FLOAT, (int64_t)v, v, NULL}; }
 ir_attr ir_attr_str(const char *key, const char *s) { return (ir_attr){key, IR_ATTR_STR, 0, 0, s}; }

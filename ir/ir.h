@@ -32,7 +32,7 @@ typedef struct {
 extern const ir_op_info ir_ops[OP_COUNT];
 ir_op ir_op_by_name(const char *name); /* OP_COUNT when unknown */
 /* Ops that act by effect (the optimizer update): dce keeps them though nothing reads them. */
-static inline int ir_op_has_effect(ir_op op) { return op == OP_ADAMW; }
+static inline int ir_op_has_effect(ir_op op) { return op == OP_ADAMW || op == OP_ALL_GATHER; }
 
 typedef enum { DT_F32, DT_BF16, DT_I32, DT_E4M3, DT_E8M0, DT_COUNT } ir_dtype;
 const char *ir_dtype_name(ir_dtype t);
@@ -134,6 +134,11 @@ void ir_print_dot(const ir_graph *g, FILE *out);
 
 /* Number of elements, using symbol bounds for run-time sizes. */
 int64_t ir_type_numel_bound(const ir_graph *g, const ir_type *t);
+
+/* The size of a collective's group ("world" = ep x dp, "ep", "dp") in g's world; 0 for another
+ * name. A ZeRO shard of n values over that group holds ceil(n / size) (ir_shard_len). */
+int64_t ir_group_size(const ir_graph *g, const char *group);
+static inline int64_t ir_shard_len(int64_t n, int64_t size) { return size > 0 ? (n + size - 1) / size : n; }
 
 /* A weight: a parameter, its cast (the bf16 compute copy), or a stack of parameter casts (the
  * expert weights of a layer). Values the GPU keeps between steps, at hand the whole step. */

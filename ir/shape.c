@@ -652,12 +652,29 @@ static int shape_GRAD_NORM(shape_ctx *c) {
   return 0;
 }
 
+/* A collective's group attribute: its size in the graph's world, or -1 with a message. */
+static int64_t want_group(shape_ctx *c) {
+  const char *grp = ir_get_str(c->n, "group", "");
+  int64_t size = ir_group_size(c->g, grp);
+  if (size <= 0) fail(c, "group must be world, ep or dp, got '%s'", grp);
+  return size > 0 ? size : -1;
+}
+
 static int shape_ADAMW(shape_ctx *c) {
   const ir_type *p = OPERAND(c, 0);
   if (c->g->nodes[c->n->in[0]].op != OP_PARAM) return fail(c, "operand 0 must be a param");
   ir_type gt = *OPERAND(c, 1);
   if (gt.dtype == DT_BF16) gt.dtype = p->dtype; /* fold-grad-cast: a bf16 gradient of an f32 param */
-  if (!ir_type_equal(p, &gt)) return fail(c, "the gradient must have the param's shape, in f32 or bf16");
+  const char *zero = ir_get_str(c->n, "zero", NULL);
+  if (zero) { /* ZeRO-1: the gradient is this rank's shard */
+    int64_t size = ir_group_size(c->g, zero), n = ir_type_numel_bound(c->g, p);
+    if (size <= 0) return fail(c, "zero must name a group (world, ep or dp), got '%s'", zero);
+    ir_type want = make(p->dtype, 1, ir_shard_len(n, size), 0);
+    if (!ir_type_equal(&want, &gt)) return fail(c, "with zero = %s the gradient must be the param's shard, f32[%lld]", zero,
+                                                (long long)want.dims[0]);
+  } else if (!ir_type_equal(p, &gt)) {
+    return fail(c, "the gradient must have the param's shape, in f32 or bf16");
+  }
   if (want_scalar(c, 2)) return -1;
   *c->out = *p;
   return 0;
@@ -677,6 +694,24 @@ static int shape_ALL_REDUCE(shape_ctx *c) {
   for (int d = 0; d < x->rank; d++)
     if (x->dims[d] < 0) return fail(c, "needs static sizes (every rank sums the same number of values)");
   *c->out = *x;
+  return 0;
+}
+
+static int shape_REDUCE_SCATTER(shape_ctx *c) {
+  int64_t size = want_group(c);
+  if (size < 0) return -1;
+  const ir_type *x = OPERAND(c, 0);
+  if (x->dtype != DT_F32) return fail(c, "sums f32 values");
+  for (int d = 0; d < x->rank; d++)
+    if (x->dims[d] < 0) return fail(c, "needs static sizes (every rank cuts the same shards)");
+  *c->out = make(DT_F32, 1, ir_shard_len(ir_type_numel_bound(c->g, x), size), 0);
+  return 0;
+}
+
+static int shape_ALL_GATHER(shape_ctx *c) {
+  if (want_group(c) < 0) return -1;
+  if (c->g->nodes[c->n->in[0]].op != OP_ADAMW) return fail(c, "gathers the parameter an adamw updated (operand 0)");
+  *c->out = *OPERAND(c, 0);
   return 0;
 }
 

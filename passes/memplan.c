@@ -39,7 +39,6 @@ void memplan_estimate(const ir_graph *g, memplan *out) {
     for (int j = 0; j < g->nodes[id].n_in; j++) last[g->nodes[id].in[j]] = id;
   }
   for (int i = 0; i < g->n_outputs; i++) last[g->outputs[i]] = n;
-  int has_adamw = 0;
   int64_t live = 0;
   for (int id = 0; id < n; id++) {
     const ir_node *nd = &g->nodes[id];
@@ -52,8 +51,10 @@ void memplan_estimate(const ir_graph *g, memplan *out) {
       if (nd->op == OP_CAST) out->copies += bytes;
       continue;
     }
-    has_adamw |= nd->op == OP_ADAMW;
-    if (nd->op == OP_ADAMW) continue; /* updates its parameter in place */
+    /* AdamW's m and v of what it updates (a ZeRO shard: its gradient operand's values): f32, or
+       half with adamw(moments = bf16) */
+    if (nd->op == OP_ADAMW) out->optimizer += ir_type_numel_bound(g, &g->nodes[nd->in[1]].type) * (g->cfg.moments_bf16 ? 4 : 8);
+    if (nd->op == OP_ADAMW || nd->op == OP_ALL_GATHER) continue; /* update their parameter in place */
     live += bytes;
     int64_t now = live + scratch_bytes(g, nd);
     if (now > out->activations) {
@@ -69,8 +70,6 @@ void memplan_estimate(const ir_graph *g, memplan *out) {
       if (!dup) live -= ir_type_numel_bound(g, &src->type) * dtype_bytes(src->type.dtype);
     }
   }
-  /* AdamW's m and v: f32 as the weights, or half with adamw(moments = bf16) */
-  out->optimizer = has_adamw ? (g->cfg.moments_bf16 ? 1 : 2) * out->params : 0;
   out->total = out->params + out->optimizer + out->copies + out->activations;
   free(last);
 }

@@ -8,21 +8,64 @@
  * ranks' gradients is the gradient of the whole batch, and grad_norm over the summed gradients
  * is the global norm on every rank. With ep > 1 the expert gradients are summed over {dp}
  * only (each EP rank holds other experts) and grad_norm adds the EP group's expert squares.
+ *
+ * With zero (ZeRO-1), a parameter whose group has G > 1 ranks is updated in shards instead:
+ *
+ *   s_p  = reduce_scatter(g_p) {grp}    this rank's 1/G of the summed gradient
+ *   n    = grad_norm(s_..) {sharded}    the squares of every shard, summed over the world
+ *   p'   = adamw(p, s_p, n) {zero=grp}  updates the shard (moments for the shard only)
+ *   p''  = all_gather(p') {grp}         every rank's updated shard, into every replica
+ *
+ * Every element is in exactly one rank's shard of its group, and the groups of different EP
+ * ranks hold different experts, so the world's sum of shard squares is the one-rank norm.
  * Does nothing when world = 1. */
 #include <stdlib.h>
 
 #include "pipeline.h"
 #include "rewrite.h"
 
-/* The reduced gradient of old value v (a parameter's gradient), emitted once. */
-static int reduce(rw_ctx *r, int v, const int *param_of, int *reduced, int64_t ep) {
+/* The group that sums parameter p's gradient: {dp} for sharded experts, else {world}. */
+static const char *group_of(const ir_graph *g, int p) {
+  return ir_get_int(&g->nodes[p], "expert", -1) >= 0 && g->cfg.ep > 1 ? "dp" : "world";
+}
+
+/* ZeRO-1 shards parameter p's update: zero is on and p's group has more than one rank. */
+static int sharded(const ir_graph *g, int p) { return g->cfg.zero && ir_group_size(g, group_of(g, p)) > 1; }
+
+/* The reduced gradient of old value v (a parameter's gradient), emitted once: all_reduce, or
+ * ZeRO's reduce_scatter. */
+static int reduce(rw_ctx *r, int v, const int *param_of, int *reduced) {
   const ir_graph *g = r->old;
   if (reduced[v] < 0) {
-    int expert = ir_get_int(&g->nodes[param_of[v]], "expert", -1) >= 0 && ep > 1;
-    ir_attr grp = ir_attr_str("group", expert ? "dp" : "world");
-    reduced[v] = rw_emit(r, OP_ALL_REDUCE, &r->map[v], 1, &grp, 1, g->nodes[param_of[v]].loc);
+    int p = param_of[v];
+    ir_attr grp = ir_attr_str("group", group_of(g, p));
+    reduced[v] = rw_emit(r, sharded(g, p) ? OP_REDUCE_SCATTER : OP_ALL_REDUCE, &r->map[v], 1, &grp, 1, g->nodes[p].loc);
+    if (reduced[v] >= 0 && sharded(g, p)) ir_set_note(r->g, reduced[v], "sync: zero: this rank's shard of the summed gradient");
   }
   return reduced[v];
+}
+
+/* ZeRO-1's update of old adamw id: adamw(p, shard, n) {zero = grp}, then all_gather {grp}. */
+static void adamw_zero(rw_ctx *r, int id, const int *param_of, int *reduced) {
+  const ir_node *n = &r->old->nodes[id];
+  int in[3] = {r->map[n->in[0]], reduce(r, n->in[1], param_of, reduced), r->map[n->in[2]]};
+  ir_attr z = ir_attr_str("zero", group_of(r->old, n->in[0])), grp = ir_attr_str("group", z.s);
+  int a = rw_copy_full(r, id, in, 3, &z, 1);
+  if (a < 0) return;
+  int gv = rw_emit(r, OP_ALL_GATHER, &a, 1, &grp, 1, n->loc);
+  if (gv >= 0) ir_set_note(r->g, gv, "sync: zero: every rank's updated shard, into every replica");
+}
+
+/* ZeRO-1's norm: grad_norm(reduced..) {sharded = 1}: each element is in one rank's operands. */
+static void grad_norm_zero(rw_ctx *r, int id, const int *param_of, int *reduced) {
+  const ir_node *n = &r->old->nodes[id];
+  int *in = malloc((size_t)n->n_in * sizeof *in);
+  if (!in) abort();
+  for (int j = 0; j < n->n_in; j++) in[j] = param_of[n->in[j]] >= 0 ? reduce(r, n->in[j], param_of, reduced) : r->map[n->in[j]];
+  ir_attr a = ir_attr_int("sharded", 1);
+  int v = rw_copy_full(r, id, in, n->n_in, &a, 1);
+  if (v >= 0) ir_set_note(r->g, v, "sync: zero: sqrt(all_reduce{world}(squares of this rank's shards))");
+  free(in);
 }
 
 /* With sharded experts: grad_norm(dense.., expert..) {expert_from = k}, so the executor adds
@@ -35,7 +78,7 @@ static void grad_norm_ep(rw_ctx *r, int id, const int *param_of, int *reduced) {
     for (int j = 0; j < n->n_in; j++) {
       int v = n->in[j], expert = param_of[v] >= 0 && ir_get_int(&r->old->nodes[param_of[v]], "expert", -1) >= 0;
       if (expert != pass) continue;
-      in[k++] = param_of[v] >= 0 ? reduce(r, v, param_of, reduced, r->old->cfg.ep) : r->map[v];
+      in[k++] = param_of[v] >= 0 ? reduce(r, v, param_of, reduced) : r->map[v];
     }
   int dense = 0;
   for (int j = 0; j < n->n_in; j++)
@@ -72,7 +115,13 @@ int pass_sync(ir_graph **gp, FILE *err) {
       rw_copy(&r, id);
       /* a parameter's gradient is reduced where it is complete, not where grad_norm reads it:
          the executor can then overlap each collective with the backward still to run */
-      if (param_of[id] >= 0 && !r.failed) reduce(&r, id, param_of, reduced, ep);
+      if (param_of[id] >= 0 && !r.failed) reduce(&r, id, param_of, reduced);
+      continue;
+    }
+    if (g->cfg.zero) {
+      if (n->op == OP_GRAD_NORM) grad_norm_zero(&r, id, param_of, reduced);
+      else if (sharded(g, n->in[0])) adamw_zero(&r, id, param_of, reduced);
+      else rw_copy_operands(&r, id, (int[]){r.map[n->in[0]], reduce(&r, n->in[1], param_of, reduced), r.map[n->in[2]]}, 3);
       continue;
     }
     if (n->op == OP_GRAD_NORM && ep > 1) {
@@ -85,7 +134,7 @@ int pass_sync(ir_graph **gp, FILE *err) {
       int v = n->in[j];
       in[j] = r.map[v];
       if (param_of[v] < 0 || (n->op == OP_ADAMW && j != 1)) continue;
-      in[j] = reduce(&r, v, param_of, reduced, ep);
+      in[j] = reduce(&r, v, param_of, reduced);
     }
     rw_copy_operands(&r, id, in, n->n_in);
     free(in);

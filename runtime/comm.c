@@ -3,9 +3,13 @@
 #include "comm_impl.h"
 
 #include <stdlib.h>
+#include <string.h>
+
+#include "errf.h"
 
 static const char *const group_names[COMM_GROUPS] = {"world", "ep", "dp"};
 const char *comm_group_name(comm_group grp) { return grp < COMM_GROUPS ? group_names[grp] : "?"; }
+comm_group comm_group_named(const char *name) { return !strcmp(name, "ep") ? COMM_EP : !strcmp(name, "dp") ? COMM_DP : COMM_WORLD; }
 
 int comm_layout(int ep, int dp, int r, comm_group grp, int *members, int *me) {
   int e = r % ep, d = r / ep, n = 0;
@@ -63,4 +67,35 @@ int comm_all_to_all_counts(comm *c, const size_t *send_bytes, size_t *recv_bytes
 int comm_all_to_all_v(comm *c, const void *send, const size_t *send_bytes, void *recv, const size_t *recv_bytes,
                       char *err, size_t errlen) {
   return c->w->ops->all_to_all_v(c, send, send_bytes, recv, recv_bytes, err, errlen);
+}
+
+int comm_reduce_scatter_sum(comm *c, const float *send, int64_t n, float *recv, char *err, size_t errlen) {
+  const int size = c->size, me = c->rank;
+  const int64_t chunk = n > 0 ? (n + size - 1) / size : 0;
+  int64_t lo = (int64_t)me * chunk, mine = n - lo < chunk ? n - lo : chunk; /* this rank's real values */
+  if (mine < 0) mine = 0;
+  size_t *send_bytes = malloc(2 * (size_t)size * sizeof *send_bytes);
+  float *from = malloc(((size_t)size * (size_t)mine + 1) * sizeof *from); /* (size, mine): every peer's copy of my shard */
+  if (!send_bytes || !from) {
+    free(send_bytes);
+    free(from);
+    return errf(err, errlen, "comm: reduce_scatter: out of host memory for %lld values", (long long)n);
+  }
+  size_t *recv_bytes = send_bytes + size;
+  for (int j = 0; j < size; j++) {
+    int64_t jl = (int64_t)j * chunk, jn = n - jl < chunk ? n - jl : chunk;
+    send_bytes[j] = (size_t)(jn > 0 ? jn : 0) * sizeof(float);
+    recv_bytes[j] = (size_t)mine * sizeof(float);
+  }
+  int rc = comm_all_to_all_v(c, send, send_bytes, from, recv_bytes, err, errlen);
+  if (rc == 0) {
+    /* rank order, from the first term (not 0 + x_0): comm_all_reduce_sum's bits */
+    if (mine) memcpy(recv, from, (size_t)mine * sizeof *recv);
+    for (int j = 1; j < size; j++)
+      for (int64_t i = 0; i < mine; i++) recv[i] += from[(size_t)j * (size_t)mine + (size_t)i];
+    for (int64_t i = mine; i < chunk; i++) recv[i] = 0.0f;
+  }
+  free(send_bytes);
+  free(from);
+  return rc;
 }

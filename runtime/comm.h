@@ -52,6 +52,7 @@ const char *comm_world_backend(const comm_world *w); /* "threads" or "tcp" */
  * handles only: NULL for another rank. */
 comm *comm_get(comm_world *w, int rank, comm_group grp);
 const char *comm_group_name(comm_group grp);
+comm_group comm_group_named(const char *name); /* "ep", "dp", else the world (an IR op's group attribute) */
 
 int comm_rank(const comm *c); /* in the group */
 int comm_size(const comm *c);
@@ -63,6 +64,11 @@ void comm_abort(comm_world *w, int rank, const char *msg);
 
 /* buf (n values) <- the sum over the group, in rank order. */
 int comm_all_reduce_sum(comm *c, void *buf, int64_t n, comm_dtype dt, char *err, size_t errlen);
+/* ZeRO's reduce-scatter: send (n f32 values) is cut in size shards of c = ceil(n / size);
+ * recv (c values) <- this rank's shard [rank c, min(n, (rank+1) c)) summed over the group in
+ * rank order (the same bits as comm_all_reduce_sum's), zero past n. Each rank receives only
+ * its shard from every peer (comm_all_to_all_v), not the whole of n. */
+int comm_reduce_scatter_sum(comm *c, const float *send, int64_t n, float *recv, char *err, size_t errlen);
 /* recv (size * bytes) <- every rank's send (bytes), in rank order. */
 int comm_all_gather(comm *c, const void *send, size_t bytes, void *recv, char *err, size_t errlen);
 /* buf (bytes) <- root's buf. */

@@ -375,7 +375,7 @@ static int exec_LABEL_COUNT(ex *x, int id) {
 static int exec_ALL_REDUCE(ex *x, int id) {
   const rt_value *a = IN(id, 0);
   const char *gs = ir_get_str(N(id), "group", "world");
-  comm_group grp = !strcmp(gs, "ep") ? COMM_EP : !strcmp(gs, "dp") ? COMM_DP : COMM_WORLD;
+  comm_group grp = comm_group_named(gs);
   if (!x->comm) return fail(x, id, "a collective, but this executor has no communicator (run it through moec train)");
   int is_int = N(id)->type.dtype == DT_I32;
   if (alloc_out(x, id, a->rows, 0)) return -1;
@@ -385,6 +385,54 @@ static int exec_ALL_REDUCE(ex *x, int id) {
   if (comm_all_reduce_sum(comm_get(x->comm, x->rank, grp), buf, a->numel, is_int ? COMM_I32 : COMM_F32, m, sizeof m))
     return fail(x, id, "%s", m);
   return 0;
+}
+
+/* A ZeRO collective's group, checked against the graph's shard length (chunk values, when >= 0)
+ * of a tensor of n; NULL after fail(). */
+static comm *zero_comm(ex *x, int id, int64_t n, int64_t chunk) {
+  if (!x->comm) {
+    fail(x, id, "a collective, but this executor has no communicator (run it through moec train)");
+    return NULL;
+  }
+  const char *gs = ir_get_str(N(id), "group", "world");
+  comm *c = comm_get(x->comm, x->rank, comm_group_named(gs));
+  if (chunk >= 0 && ir_shard_len(n, comm_size(c)) != chunk) {
+    fail(x, id, "the graph cuts %lld values in shards of %lld, but the %s group has %d ranks", (long long)n,
+         (long long)chunk, gs, comm_size(c));
+    return NULL;
+  }
+  return c;
+}
+
+static int exec_REDUCE_SCATTER(ex *x, int id) {
+  const rt_value *a = IN(id, 0);
+  comm *c = zero_comm(x, id, a->numel, N(id)->type.dims[0]);
+  if (!c || alloc_out(x, id, N(id)->type.dims[0], 0)) return -1;
+  char m[512];
+  if (comm_reduce_scatter_sum(c, a->f, a->numel, x->val[id].f, m, sizeof m)) return fail(x, id, "%s", m);
+  return 0;
+}
+
+/* In place: the updated parameter's shards from every rank of the group. */
+static int exec_ALL_GATHER(ex *x, int id) {
+  const rt_value *a = IN(id, 0);
+  const int64_t n = a->numel;
+  comm *c = zero_comm(x, id, n, -1);
+  if (!c) return -1;
+  const int64_t part = ir_shard_len(n, comm_size(c)), lo = (int64_t)comm_rank(c) * part;
+  const int64_t mine = n - lo < part ? (n - lo > 0 ? n - lo : 0) : part;
+  float *send = calloc((size_t)part + 1, sizeof *send), *all = malloc(((size_t)part * (size_t)comm_size(c) + 1) * sizeof *all);
+  char m[512];
+  int rc = !send || !all ? fail(x, id, "out of host memory") : 0;
+  if (rc == 0) {
+    memcpy(send, a->f + lo, (size_t)mine * sizeof *send);
+    if (comm_all_gather(c, send, (size_t)part * sizeof *send, all, m, sizeof m)) rc = fail(x, id, "%s", m);
+    else memcpy(a->f, all, (size_t)n * sizeof *all);
+  }
+  free(send);
+  free(all);
+  x->val[id] = (rt_value){a->f, NULL, a->rows, n, 0};
+  return rc;
 }
 
 /* The EP group's counts (P x E) for an EP op; checks that the graph was built for this rank. */
@@ -701,6 +749,22 @@ static int exec_MXFP8_QUANTIZE(ex *x, int id) {
 
 static int exec_MXFP8_DEQUANTIZE(ex *x, int id) { return exec_CAST(x, id); }
 
+/* ZeRO: this rank's shards hold d^2 of the squares; every rank's, summed in world rank order
+ * (in double, as ck_grad_norm sums), is the whole gradient's. */
+static int grad_norm_shards(ex *x, int id, double d) {
+  if (!x->comm) return fail(x, id, "sharded gradients, but this executor has no communicator");
+  comm *w = comm_get(x->comm, x->rank, COMM_WORLD);
+  double mine = d * d, *all = malloc((size_t)comm_size(w) * sizeof *all);
+  char m[512];
+  if (!all) return fail(x, id, "out of host memory");
+  int rc = comm_all_gather(w, &mine, sizeof mine, all, m, sizeof m) ? fail(x, id, "%s", m) : 0;
+  double s = 0;
+  for (int j = 0; rc == 0 && j < comm_size(w); j++) s += all[j];
+  x->grad_norm = sqrt(s);
+  free(all);
+  return rc;
+}
+
 static int exec_GRAD_NORM(ex *x, int id) {
   int n = N(id)->n_in;
   const float **bufs = malloc((size_t)n * sizeof *bufs);
@@ -715,7 +779,8 @@ static int exec_GRAD_NORM(ex *x, int id) {
     int k = (int)ir_get_int(N(id), "expert_from", n);
     double d = ck_grad_norm(bufs, sizes, k);
     x->grad_norm = d;
-    if (k < n) {
+    if (ir_get_int(N(id), "sharded", 0)) rc = grad_norm_shards(x, id, d);
+    else if (k < n) {
       float e2 = (float)pow(ck_grad_norm(bufs + k, sizes + k, n - k), 2);
       char m[512];
       if (!x->comm) rc = fail(x, id, "sharded experts, but this executor has no communicator");
@@ -734,11 +799,16 @@ static int exec_ADAMW(ex *x, int id) {
   rt_param *p = x->param_of[N(id)->in[0]];
   double lr = ck_lr_at(x->step, c->steps, c->warmup, c->lr, c->min_lr, c->schedule);
   float scale = c->clip > 0 ? ck_clip_coef(x->grad_norm, c->clip) : 1.0f;
-  ck_adamw_step(p->w, IN(id, 1)->f, p->m, p->v, p->numel, x->step, scale, lr, c->beta1, c->beta2, c->adam_eps,
+  /* with zero: operand 1 is this rank's shard of the gradient, and p holds that shard's moments */
+  const int sharded = ir_get_str(N(id), "zero", NULL) != NULL;
+  if (sharded != (p->zero_group >= 0))
+    return fail(x, id, "%s: the graph %s the update, but the moments are %s (zero_shard)", p->name,
+                sharded ? "shards" : "does not shard", p->zero_group >= 0 ? "sharded" : "whole");
+  ck_adamw_step(p->w + p->mlo, IN(id, 1)->f, p->m, p->v, p->mn, x->step, scale, lr, c->beta1, c->beta2, c->adam_eps,
                 ir_get_float(N(id), "weight_decay", 0));
   if (c->moments_bf16) { /* stored in bf16 after the update, which used them unrounded (the GPU's order) */
-    ck_round_bf16(p->m, p->numel);
-    ck_round_bf16(p->v, p->numel);
+    ck_round_bf16(p->m, p->mn);
+    ck_round_bf16(p->v, p->mn);
   }
   x->val[id] = (rt_value){p->w, NULL, p->type.dims[0], p->numel, 0};
   return 0;

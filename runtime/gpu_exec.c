@@ -403,10 +403,14 @@ static int exec_LABEL_COUNT(gx *x, int id) {
   return ck(x, id, rt_cuda_label_count(KX, lab->p, x->val[id].p, lab->rows));
 }
 
+/* ZeRO-1 is the CPU executor's so far (gpu_exec_new refuses such graphs up front). */
+static int exec_REDUCE_SCATTER(gx *x, int id) { return fail(x, id, "ZeRO-1 runs on the CPU executor only so far"); }
+static int exec_ALL_GATHER(gx *x, int id) { return fail(x, id, "ZeRO-1 runs on the CPU executor only so far"); }
+
 static int exec_ALL_REDUCE(gx *x, int id) {
   const dev_value *a = V(id, 0);
   const char *gs = ir_get_str(N(id), "group", "world");
-  comm_group grp = !strcmp(gs, "ep") ? COMM_EP : !strcmp(gs, "dp") ? COMM_DP : COMM_WORLD;
+  comm_group grp = comm_group_named(gs);
   ir_dtype t = N(id)->type.dtype;
   if (t != DT_F32 && t != DT_BF16 && t != DT_I32) return fail(x, id, "all_reduce takes f32, bf16 or i32 values on the GPU");
   if (need_comm(x, id) || alloc_out(x, id, a->rows, 0)) return -1;
@@ -869,6 +873,12 @@ gpu_exec *gpu_exec_new(gpu_runtime *rt, const ir_graph *g, char *err, size_t err
   }
   for (int id = 0; id < g->n_nodes; id++) {
     const ir_node *nd = &g->nodes[id];
+    if (nd->op == OP_REDUCE_SCATTER || nd->op == OP_ALL_GATHER) {
+      snprintf(err, errlen, "ZeRO-1 (parallel = { zero = true }) runs on the CPU only so far: drop zero for --device cuda, "
+                            "or train with --device cpu (docs/parallel.md)");
+      gpu_exec_free(x);
+      return NULL;
+    }
     x->param_index[id] = -1;
     x->last_use[id] = id;
     for (int j = 0; j < nd->n_in; j++) x->last_use[nd->in[j]] = id;

@@ -43,6 +43,7 @@ rt_params *rt_params_new(const ir_graph *g, uint64_t seed) {
     p->w = malloc((size_t)p->numel * sizeof(float));
     p->m = calloc((size_t)p->numel, sizeof(float));
     p->v = calloc((size_t)p->numel, sizeof(float));
+    p->mlo = 0, p->mn = p->numel, p->zero_group = -1;
     if (!p->name || !p->w || !p->m || !p->v) {
       rt_params_free(ps);
       return NULL;

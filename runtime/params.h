@@ -12,7 +12,9 @@ typedef struct {
   ir_type type;     /* f32, static shape */
   int64_t numel;
   float *w;         /* (numel) master weight */
-  float *m, *v;     /* (numel) AdamW first and second moments */
+  float *m, *v;     /* (mn) AdamW first and second moments of elements [mlo, mlo + mn) */
+  int64_t mlo, mn;  /* 0, numel; with ZeRO-1 this rank's shard (runtime/zero.h) */
+  int zero_group;   /* ZeRO-1: the comm_group its moments are sharded over; -1 when whole */
   int expert;       /* expert index, -1 for dense parameters */
 } rt_param;
 

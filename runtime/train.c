@@ -23,6 +23,7 @@
 #include "memplan.h"
 #include "params.h"
 #include "pipeline.h"
+#include "zero.h"
 
 static double now_s(void) {
   struct timespec ts;
@@ -328,10 +329,20 @@ typedef struct {
 } rank_ctx;
 
 /* Writes a checkpoint: rank 0 alone, or with ep > 1 the EP group of DP rank 0 (rank < ep)
- * gathering its experts to rank 0. */
-static int save_any(ep_view *ev, const rank_ctx *r, int ep, int64_t step, double loss, char *err, size_t errlen) {
-  if (ep == 1) return save_checkpoint(ev->parts, ev->n, step, r->o->ckpt_dir, loss);
-  int rc = save_checkpoint_ep(ev, r->comm, r->rank, r->steps, ep, step, r->o->ckpt_dir, loss, err, errlen);
+ * gathering its experts to rank 0. With ZeRO-1 every rank first gathers the moments back
+ * (and cuts its shards again after), so every rank calls this. */
+static int save_any(ep_view *ev, const rank_ctx *r, rt_params *ps, int ep, int64_t step, double loss, char *err,
+                    size_t errlen) {
+  int zero = r->step_g->cfg.zero && r->comm, rc = 0;
+  if (zero) rc = zero_unshard(ps, r->step_g, r->comm, r->rank, err, errlen);
+  if (rc == 0 && r->rank < ep) {
+    if (ep == 1) rc = save_checkpoint(ev->parts, ev->n, step, r->o->ckpt_dir, loss);
+    else rc = save_checkpoint_ep(ev, r->comm, r->rank, r->steps, ep, step, r->o->ckpt_dir, loss, err, errlen);
+  }
+  if (zero) { /* even after a failed write: a retry later must find the shards, not the whole moments */
+    char e2[512];
+    if (zero_shard(ps, r->step_g, r->comm, r->rank, e2, sizeof e2) && !rc) rc = -1, snprintf(err, errlen, "%s", e2);
+  }
   if (rc && r->rank != 0 && err[0]) fprintf(stderr, "moec: error: rank %d: %s\n", r->rank, err);
   return rc;
 }
@@ -423,6 +434,18 @@ static int train_rank(rank_ctx *r) {
       for (int i = 0; i < ps->n; i++) ck_round_bf16(ps->p[i].m, ps->p[i].numel), ck_round_bf16(ps->p[i].v, ps->p[i].numel);
     fprintf(msgf, "resumed from %s at step %lld\n", o->ckpt_dir, (long long)ps->step);
   }
+  if (cfg->zero && r->comm) {
+    if (zero_shard(ps, step_g, r->comm, r->rank, err, sizeof err)) {
+      fprintf(msgf, "moec: error: %s\n", err);
+      goto done;
+    }
+    char held[32], whole[32];
+    fprintf(msgf, "ZeRO-1: rank 0 holds %s of AdamW moments (%s without zero)\n",
+            gpu_fmt_bytes(zero_moment_bytes(ps), held, sizeof held),
+            gpu_fmt_bytes((size_t)rt_params_numel(ps) * (ps->moments_bf16 ? 4 : 8), whole, sizeof whole));
+  } else if (cfg->zero) {
+    fprintf(msgf, "moec: note: zero = true shards the AdamW moments over several ranks; with one rank it changes nothing\n");
+  }
   if (o->cuda) {
     if (gpu_rank_setup(r, ps, &ex, msgf, err, sizeof err)) goto done;
   } else if (!(ex.cpu_step = cpu_exec_new(step_g, ps, err, sizeof err)) || !(ex.cpu_fwd = cpu_exec_new(fwd, ps, err, sizeof err))) {
@@ -441,7 +464,7 @@ static int train_rank(rank_ctx *r) {
   if (end <= ps->step) {
     /* nothing to train (--stop-at 0, or resumed at the end): write the weights as they are */
     fprintf(msgf, "no steps to run (at step %lld, stopping at %lld)\n", (long long)ps->step, (long long)end);
-    rc = r->rank < ep && o->ckpt_dir ? save_any(&ev, r, ep, ps->step, NAN, err, sizeof err) != 0 : 0;
+    rc = (r->rank < ep || cfg->zero) && o->ckpt_dir ? save_any(&ev, r, ps, ep, ps->step, NAN, err, sizeof err) != 0 : 0;
     goto done;
   }
   int64_t val_batches = o->val_batches > 0 ? o->val_batches : 8;
@@ -524,10 +547,10 @@ static int train_rank(rank_ctx *r) {
       }
     }
     if (logf) fflush(logf);
-    if (r->rank < ep && o->ckpt_dir && ((o->ckpt_every > 0 && s % o->ckpt_every == 0) || last))
+    if ((r->rank < ep || cfg->zero) && o->ckpt_dir && ((o->ckpt_every > 0 && s % o->ckpt_every == 0) || last))
       if ((ex.rt && gpu_runtime_download(ex.rt, ps, err, sizeof err) != 0 &&
            fprintf(msgf, "moec: error: %s\n", err) > 0) ||
-          save_any(&ev, r, ep, ps->step, loss, err, sizeof err)) {
+          save_any(&ev, r, ps, ep, ps->step, loss, err, sizeof err)) {
         rc = 1;
         break;
       }

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Ranks as processes: `moec launch -n N moec train ...` (TCP communicator, one rank per
 # process) logs the same losses, prints the same loss lines and writes byte-identical
-# checkpoints as the thread ranks of `moec train --set dp=2` (and ep=2, ep=2 x dp=2); a
-# process run resumes from its own checkpoint; bad torchrun variables, a WORLD_SIZE that is
-# not ep x dp, and --device cuda without a GPU fail with messages; a failing rank stops the others.
+# checkpoints as the thread ranks of `moec train --set dp=2` (and ep=2, ep=2 x dp=2, and that
+# with ZeRO-1); a process run resumes from its own checkpoint; bad torchrun variables, a
+# WORLD_SIZE that is not ep x dp, and --device cuda without a GPU fail with messages; a failing
+# rank stops the others.
 set -euo pipefail
 : "${MOEC:?set MOEC to the moec binary}"
 tmp=$(mktemp -d)
@@ -33,6 +34,7 @@ compare() { # tag nproc sets...
 compare dp2 2 --set dp=2
 compare ep2 2 --set ep=2
 compare ep2dp2 4 --set ep=2 --set dp=2
+compare ep2dp2z 4 --set ep=2 --set dp=2 --set zero=true   # ZeRO-1's reduce_scatter/all_gather over TCP
 
 # resume a process run from its own checkpoint: same losses as the uninterrupted one
 "$MOEC" launch -n 2 "$MOEC" train models/tiny.moe "${small[@]}" --set ep=2 --stop-at 2 --log "$tmp/part.jsonl" \
@@ -72,4 +74,4 @@ start=$SECONDS
 expect_fail "rank 1 of 3 failed with exit status 3" "$MOEC" launch -n 3 -- sh -c 'echo "I am $RANK of $WORLD_SIZE"; [ "$RANK" = 1 ] && { sleep 0.5; exit 3; }; sleep 30'
 [ $((SECONDS - start)) -lt 15 ] || fail "the other ranks were not stopped"
 grep -q '^\[rank 2\] I am 2 of 3$' "$tmp/e.out" || fail "no [rank 2] prefixed line: $(cat "$tmp/e.out")"
-echo "moec launch: processes match the thread ranks (dp=2, ep=2, ep=2 x dp=2, resume); errors are clear"
+echo "moec launch: processes match the thread ranks (dp=2, ep=2, ep=2 x dp=2, the same with zero, resume); errors are clear"

@@ -1,4 +1,5 @@
-/* test_comm.c -- the in-process communicator: every collective on the world, EP and DP groups
+/* test_comm.c -- the in-process communicator: every collective (and comm.c's reduce-scatter over
+ * them) on the world, EP and DP groups
  * of an EP x DP world of threads, against serial results (sums in rank order, bit for bit);
  * a rank that never arrives makes the others fail with a message, not hang. */
 #include <pthread.h>
@@ -51,6 +52,7 @@ static void *rank_main(void *p) {
     }
     for (int j = 0; j + 1 < P; j++) CHECK(members[j] < members[j + 1], "group ranks ascend");
     CHECK(members[me] == a->rank, "all_gather order");
+    check_reduce_scatter(c, grp, a->rank, members);
     /* broadcast from the last group rank */
     int64_t v = a->rank * 100 + 1;
     CHECK(comm_broadcast(c, &v, sizeof v, P - 1, err, sizeof err) == 0, "%s", err);

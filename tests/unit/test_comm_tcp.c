@@ -53,6 +53,7 @@ static void collectives(comm_world *w, int me) {
     }
     for (int j = 0; j + 1 < P; j++) CHECK(members[j] < members[j + 1], "group ranks ascend");
     CHECK(members[gr] == me, "all_gather order");
+    check_reduce_scatter(c, grp, me, members);
     /* a large all_gather (both directions' buffers fill: the exchange must not deadlock) */
     static float big[16 * NV];
     CHECK(comm_all_gather(c, data[me], sizeof data[me], big, err, sizeof err) == 0, "%s", err);

@@ -1,0 +1,28 @@
+/* zero.h -- ZeRO-1 on the host: each rank keeps the AdamW moments of its shard of every
+ * parameter that the step graph updates with `adamw {zero = group}` (passes/sync.c,
+ * docs/parallel.md). A shard of n values over a group of G ranks is [r c, min(n, (r+1) c)),
+ * c = ceil(n / G), r the rank's place in the group: rt_param's mlo and mn.
+ *
+ * Checkpoints keep the whole-model layout: before a save every rank gathers the moments back
+ * (zero_unshard, collective), and cuts its shard again after (zero_shard); a load reads whole
+ * moments, then zero_shard cuts them. So a checkpoint moves between zero and not, and across
+ * world sizes. Each returns 0, or -1 with a message in err (on every rank of a failed
+ * collective). */
+#ifndef MOEC_ZERO_H
+#define MOEC_ZERO_H
+
+#include <stddef.h>
+
+#include "comm.h"
+#include "ir.h"
+#include "params.h"
+
+/* Every whole parameter that step shards: keep this rank's shard of m and v, free the rest. */
+int zero_shard(rt_params *ps, const ir_graph *step, comm_world *w, int rank, char *err, size_t errlen);
+/* Every sharded parameter: the whole m and v again, gathered over its group (graph order, as
+ * the ranks' step graphs list them, so every group's members make the same calls). */
+int zero_unshard(rt_params *ps, const ir_graph *step, comm_world *w, int rank, char *err, size_t errlen);
+/* Bytes of AdamW moments this rank holds (what ZeRO-1 saves; 8 or 4 per value held). */
+size_t zero_moment_bytes(const rt_params *ps);
+
+#endif

@@ -1,0 +1,143 @@
+/* test_zero.c -- ZeRO-1 on the CPU (ranks as threads): `--set zero=true` shards every
+ * parameter's AdamW update over its reduce group (passes/sync.c, runtime/zero.c).
+ *   - the dump: each sharded adamw reads a reduce_scatter and is followed by its all_gather;
+ *     grad_norm reads the shards; the predicted AdamW bytes are 1/dp of the whole;
+ *   - dp=2: the same logged values and the same checkpoint bytes as dp=2 without zero (same
+ *     sums, in the same order), and each rank holds half the moments;
+ *   - dp=4, ep=2 x dp=2, ep=2 alone: the same as one rank (<= 1e-5 relative, parallel_test.h);
+ *   - moments = bf16 with zero: the same bytes as without;
+ *   - checkpoints move in and out of zero: dp=2 zero -> one rank, one rank -> ep=2 x dp=2 zero.
+ * Needs $MOEC (ctest sets it). */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "parallel_test.h"
+
+#define SIZES "--set hidden=32 --set ffn=48 --set seq=64 --set batch=4 --set heads=4 --set kv_heads=2 --set val_every=0 "
+#define SMALL SIZES "--val-batches 1 --device cpu"
+
+static const char *moec;
+
+static int run(const char *args, const char *tag) {
+  char cmd[2048];
+  snprintf(cmd, sizeof cmd, "%s train models/tiny.moe " SMALL " %s --log %s/%s.jsonl --ckpt-dir %s/%s 2>%s/%s.err", moec,
+           args, tmp, tag, tmp, tag, tmp, tag);
+  return system(cmd);
+}
+
+/* Runs a and b wrote the same checkpoint files at step `steps`, byte for byte. */
+static void same_bytes(const char *a, const char *b, int steps) {
+  const char *files[] = {"model.safetensors", "optimizer.safetensors"};
+  for (int i = 0; i < 2; i++) {
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd, "cmp -s %s/%s/step-%08d/%s %s/%s/step-%08d/%s", tmp, a, steps, files[i], tmp, b, steps, files[i]);
+    CHECK(system(cmd) == 0, "%s and %s: %s differ", a, b, files[i]);
+  }
+  double x[64], y[64];
+  int nx = read_log(a, x, 64), ny = read_log(b, y, 64);
+  CHECK(nx == 3 * steps && ny == nx && memcmp(x, y, (size_t)nx * sizeof *x) == 0, "%s and %s: logged values differ", a, b);
+}
+
+/* The value of "N units" after `key` in a run's stderr, in bytes (0 when absent). */
+static double bytes_after(const char *tag, const char *key) {
+  char path[1024], line[1024];
+  snprintf(path, sizeof path, "%s/%s.err", tmp, tag);
+  FILE *f = fopen(path, "r");
+  double v = 0;
+  while (f && fgets(line, sizeof line, f)) {
+    const char *at = strstr(line, key);
+    if (!at) continue;
+    char unit[16] = "";
+    if (sscanf(at + strlen(key), "%lf %15s", &v, unit) == 2)
+      v *= !strncmp(unit, "GiB", 3) ? 1073741824.0 : !strncmp(unit, "MiB", 3) ? 1048576.0 : !strncmp(unit, "KiB", 3) ? 1024.0 : 1.0;
+    break;
+  }
+  if (f) fclose(f);
+  return v;
+}
+
+/* Counts of the optimizer's ops in the dump of dp=2 (with zero or not). */
+typedef struct {
+  int adamw, zero_adamw, reduce_scatter, all_gather, all_reduce, norm_sharded;
+} dump_counts;
+
+static dump_counts dump(const char *zero) {
+  char cmd[2048], line[4096];
+  snprintf(cmd, sizeof cmd, "%s dump models/tiny.moe " SIZES " --train --set dp=2 --set zero=%s > %s/dump.txt 2>&1", moec,
+           zero, tmp);
+  CHECK(system(cmd) == 0, "dump with zero=%s failed", zero);
+  snprintf(cmd, sizeof cmd, "%s/dump.txt", tmp);
+  FILE *f = fopen(cmd, "r");
+  dump_counts c = {0};
+  while (f && fgets(line, sizeof line, f)) {
+    if (strstr(line, "= adamw(")) c.adamw++, c.zero_adamw += strstr(line, "zero=\"world\"") != NULL;
+    c.reduce_scatter += strstr(line, "= reduce_scatter(") != NULL;
+    c.all_gather += strstr(line, "= all_gather(") != NULL;
+    c.all_reduce += strstr(line, "= all_reduce(") != NULL;
+    c.norm_sharded += strstr(line, "= grad_norm(") && strstr(line, "sharded=1");
+  }
+  if (f) fclose(f);
+  return c;
+}
+
+/* With zero every adamw is sharded, reads a reduce_scatter and is followed by an all_gather;
+ * grad_norm is sharded; the gradients' all_reduces are gone, the others (losses, counts) stay. */
+static void check_dump(void) {
+  dump_counts z = dump("true"), p = dump("false");
+  printf("dump, dp=2 zero: %d adamw (%d sharded), %d reduce_scatter, %d all_gather, %d all_reduce (%d without zero)\n",
+         z.adamw, z.zero_adamw, z.reduce_scatter, z.all_gather, z.all_reduce, p.all_reduce);
+  CHECK(z.adamw > 0 && z.zero_adamw == z.adamw && z.reduce_scatter == z.adamw && z.all_gather == z.adamw &&
+            z.norm_sharded == 1, "every adamw sharded, with its reduce_scatter and all_gather");
+  CHECK(p.adamw == z.adamw && p.zero_adamw == 0 && p.reduce_scatter == 0 && p.all_gather == 0 && p.norm_sharded == 0,
+        "without zero: no shards");
+  CHECK(z.all_reduce == p.all_reduce - p.adamw, "zero: %d all_reduce, without %d (%d gradients)", z.all_reduce,
+        p.all_reduce, p.adamw);
+}
+
+int main(void) {
+  moec = getenv("MOEC");
+  if (!moec) {
+    fprintf(stderr, "set MOEC to the moec binary\n");
+    return 1;
+  }
+  char dir[] = "/tmp/moec-zero-XXXXXX";
+  if (!(tmp = mkdtemp(dir))) return 1;
+  check_dump();
+  CHECK(run("--steps 6", "one") == 0, "one rank failed");
+  CHECK(run("--steps 6 --set dp=2", "dp2") == 0, "dp=2 failed");
+  CHECK(run("--steps 6 --set dp=2 --set zero=true", "dp2z") == 0, "dp=2 zero failed");
+  same_bytes("dp2", "dp2z", 6);
+  /* the moments each rank holds: half of the whole at dp=2 (shards round up: within 1%) */
+  double held = bytes_after("dp2z", "holds "), whole = bytes_after("dp2z", "moments (");
+  printf("dp=2 zero: rank 0 holds %.0f of %.0f bytes of moments\n", held, whole);
+  CHECK(whole > 0 && fabs(held / whole - 0.5) < 0.01, "dp=2 zero: rank 0 holds %.0f of %.0f bytes", held, whole);
+  CHECK(run("--steps 6 --set dp=4 --set zero=true", "dp4z") == 0, "dp=4 zero failed");
+  CHECK(run("--steps 6 --set ep=2 --set dp=2 --set zero=true", "ep2dp2z") == 0, "ep=2 dp=2 zero failed");
+  CHECK(run("--steps 6 --set ep=2 --set zero=true", "ep2z") == 0, "ep=2 zero failed");
+  same_as("one", "dp4z", 6);
+  same_as("one", "ep2dp2z", 6);
+  same_as("one", "ep2z", 6);
+  /* bf16 moments: rounded after each shard's update, as whole ones are */
+  CHECK(run("--steps 4 --set dp=2 --set moments=bf16", "bf") == 0, "dp=2 bf16 moments failed");
+  CHECK(run("--steps 4 --set dp=2 --set moments=bf16 --set zero=true", "bfz") == 0, "dp=2 bf16 moments zero failed");
+  same_bytes("bf", "bfz", 4);
+  /* checkpoints hold whole moments: zero -> one rank, and one rank -> ep=2 x dp=2 with zero */
+  CHECK(run("--steps 6 --set dp=2 --set zero=true --stop-at 3", "rz1") == 0, "dp=2 zero --stop-at 3 failed");
+  CHECK(run("--steps 6 --resume", "rz1") == 0, "resume at one rank failed");
+  same_as("one", "rz1", 6);
+  CHECK(run("--steps 6 --stop-at 3", "rz2") == 0, "one rank --stop-at 3 failed");
+  CHECK(run("--steps 6 --set ep=2 --set dp=2 --set zero=true --resume", "rz2") == 0, "resume at ep=2 dp=2 zero failed");
+  same_as("one", "rz2", 6);
+  /* the GPU executor refuses zero with a message (before it needs a GPU: the message or no GPU) */
+  char cmd[1024];
+  snprintf(cmd, sizeof cmd, "%s train models/tiny.moe " SIZES " --steps 1 --set dp=2 --set zero=true --device cuda "
+           "2>%s/gpu.err >/dev/null", moec, tmp);
+  CHECK(system(cmd) != 0, "zero on --device cuda ran");
+  snprintf(cmd, sizeof cmd, "grep -q 'ZeRO-1 (parallel = { zero = true }) runs on the CPU only\\|no GPU\\|driver' %s/gpu.err", tmp);
+  CHECK(system(cmd) == 0, "zero on --device cuda: no message");
+  snprintf(cmd, sizeof cmd, "rm -rf %s", tmp);
+  if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", tmp);
+  return failures != 0;
+}
