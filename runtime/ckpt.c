@@ -1,5 +1,6 @@
 /* ckpt.c -- crash-safe checkpoint directories (see ckpt.h). */
 #include "ckpt.h"
+#include "ckpt_int.h"
 #include "sbuf.h"
 
 #include <dirent.h>
@@ -141,7 +142,7 @@ fail:
   return NULL;
 }
 
-static st_json *read_json(const char *path, char *err, size_t errlen) {
+st_json *ckpt_read_json(const char *path, char *err, size_t errlen) {
   size_t n;
   char *txt = read_small(path, 16u << 20, &n, err, errlen);
   if (!txt) return NULL;
@@ -465,125 +466,201 @@ static int prune(const char *dir, int64_t step, int keep, char *warn, size_t war
   return rc;
 }
 
-int ckpt_save(const char *dir, int64_t step, const ckpt_contents *c, char *err, size_t errlen) {
-  char name[64], tmp[PATHMAX], final[PATHMAX], file[PATHMAX + 32], inner[1024];
-  char prev[PATHMAX] = "";
-  int64_t prev_step = -1;
-  if (err && errlen) err[0] = 0;
+/* A save in progress: DIR/.tmp-step-N-<pid> filled, then put in place as DIR/step-N. */
+typedef struct {
+  char name[64], tmp[PATHMAX], final[PATHMAX], prev[PATHMAX], keep_note[PATHMAX + 96];
+  int64_t prev_step;
+  int have_prev;
+} save_ctx;
+
+/* What a save starts from: the previous checkpoint (for the messages) and the paths; tmp
+ * given (a sharded save's, made by rank 0) or this process's. */
+static int save_init(save_ctx *s, const char *dir, int64_t step, const char *tmp, char *err, size_t errlen) {
+  memset(s, 0, sizeof *s);
+  s->prev_step = -1;
   if (!dir || !*dir || step < 0) {
     seterr(err, errlen, "checkpoint: invalid directory or step %lld", (long long)step);
     return -1;
   }
-  if (validate_contents(c, 1, err, errlen) != 0) return -1;
   if (strlen(dir) > PATHMAX - 128) {
     seterr(err, errlen, "checkpoint directory %.200s...: path too long", dir);
     return -1;
   }
-  if (mkdir_p(dir, err, errlen) != 0) return -1;
-  int have_prev = ckpt_latest(dir, prev, sizeof prev, &prev_step) == 1;
-  char keep_note[PATHMAX + 96];
-  if (have_prev)
-    snprintf(keep_note, sizeof keep_note, "; the previous checkpoint %s is intact", prev);
+  s->have_prev = ckpt_latest(dir, s->prev, sizeof s->prev, &s->prev_step) == 1;
+  if (s->have_prev)
+    snprintf(s->keep_note, sizeof s->keep_note, "; the previous checkpoint %s is intact", s->prev);
   else
-    snprintf(keep_note, sizeof keep_note, "; no earlier checkpoint exists in %s", dir);
+    snprintf(s->keep_note, sizeof s->keep_note, "; no earlier checkpoint exists in %s", dir);
+  step_name(step, s->name, sizeof s->name);
+  if (tmp) snprintf(s->tmp, sizeof s->tmp, "%s", tmp);
+  else snprintf(s->tmp, sizeof s->tmp, "%s/.tmp-%s-%ld", dir, s->name, (long)getpid());
+  snprintf(s->final, sizeof s->final, "%s/%s", dir, s->name);
+  return 0;
+}
 
+/* DIR (with parents), stale temporaries gone, and a fresh, empty s->tmp. */
+static int save_begin(save_ctx *s, const char *dir, int64_t step, char *err, size_t errlen) {
+  if (save_init(s, dir, step, NULL, err, errlen) != 0 || mkdir_p(dir, err, errlen) != 0) return -1;
   remove_stale(dir);
-  step_name(step, name, sizeof name);
-  snprintf(tmp, sizeof tmp, "%s/.tmp-%s-%ld", dir, name, (long)getpid());
-  snprintf(final, sizeof final, "%s/%s", dir, name);
-  ckpt_rmtree(tmp);
-  if (mkdir(tmp, 0777) != 0) {
+  ckpt_rmtree(s->tmp);
+  if (mkdir(s->tmp, 0777) != 0) {
     int e = errno;
-    seterr(err, errlen, "checkpoint step %lld not saved: cannot create %s: %s%s%s",
-           (long long)step, tmp, strerror(e),
-           e == EACCES || e == EROFS ? " (make the checkpoint directory writable, or choose "
-                                       "another)" : "",
-           keep_note);
+    seterr(err, errlen, "checkpoint step %lld not saved: cannot create %s: %s%s%s", (long long)step, s->tmp, strerror(e),
+           e == EACCES || e == EROFS ? " (make the checkpoint directory writable, or choose another)" : "",
+           s->keep_note);
     return -1;
   }
+  return 0;
+}
 
-  /* 1. every file of the checkpoint, each fsynced, in the temporary directory */
-  char *cfg_json = NULL;
-  const char *stage = "model.safetensors";
-  inner[0] = 0;
-  snprintf(file, sizeof file, "%s/model.safetensors", tmp);
-  if (write_tensors(file, c, 0, inner, sizeof inner) != 0) goto fail;
-  stage = "optimizer.safetensors";
-  snprintf(file, sizeof file, "%s/optimizer.safetensors", tmp);
-  if (write_tensors(file, c, 1, inner, sizeof inner) != 0) goto fail;
-  stage = "config.json";
-  snprintf(file, sizeof file, "%s/config.json", tmp);
-  if (ckpt_hf_config_json(c->config, c->bos_id, c->eos_id, c->pad_id, &cfg_json, inner,
-                          sizeof inner) != 0 ||
-      st_write_atomic(file, cfg_json, strlen(cfg_json), inner, sizeof inner) != 0)
-    goto fail;
+/* config.json and state.json into s->tmp, then the directory fsynced. *stage names the step. */
+static int save_meta(const save_ctx *s, int64_t step, const ckpt_contents *c, const char **stage, char *inner,
+                     size_t innerlen) {
+  char file[PATHMAX + 64], *cfg_json = NULL;
+  *stage = "config.json";
+  snprintf(file, sizeof file, "%s/config.json", s->tmp);
+  int rc = ckpt_hf_config_json(c->config, c->bos_id, c->eos_id, c->pad_id, &cfg_json, inner, innerlen) != 0 ||
+           st_write_atomic(file, cfg_json, strlen(cfg_json), inner, innerlen) != 0;
   free(cfg_json);
-  cfg_json = NULL;
-  stage = "state.json";
-  snprintf(file, sizeof file, "%s/state.json", tmp);
-  if (write_state(file, step, c, inner, sizeof inner) != 0) goto fail;
-  stage = "the checkpoint directory";
-  if (st_fsync_dir(tmp, inner, sizeof inner) != 0) goto fail;
+  if (rc) return -1;
+  *stage = "state.json";
+  snprintf(file, sizeof file, "%s/state.json", s->tmp);
+  if (write_state(file, step, c, inner, innerlen) != 0) return -1;
+  *stage = "the checkpoint directory";
+  return st_fsync_dir(s->tmp, inner, innerlen);
+}
 
-  /* 2. into place: DIR/step-N, then DIR fsynced */
-  stage = "the rename into place";
-  if (rename(tmp, final) != 0) {
+/* The complete s->tmp into place as DIR/step-N, `latest` naming it, old ones pruned. */
+static int save_place(const save_ctx *s, const char *dir, int64_t step, int keep, char *err, size_t errlen) {
+  char inner[1024] = "", file[PATHMAX + 32];
+  if (rename(s->tmp, s->final) != 0) {
     if (errno != EEXIST && errno != ENOTEMPTY) {
-      seterr(inner, sizeof inner, "rename %s -> %s: %s", tmp, final, strerror(errno));
+      seterr(inner, sizeof inner, "rename %s -> %s: %s", s->tmp, s->final, strerror(errno));
       goto fail;
     }
     /* step-N exists (an abandoned run, or a re-save): swap atomically, drop the old one */
-    if (renameat2(AT_FDCWD, tmp, AT_FDCWD, final, RENAME_EXCHANGE) != 0) {
+    if (renameat2(AT_FDCWD, s->tmp, AT_FDCWD, s->final, RENAME_EXCHANGE) != 0) {
       int e = errno;
-      if (have_prev && prev_step == step) {
+      if (s->have_prev && s->prev_step == step) {
         seterr(inner, sizeof inner, "%s exists, is the latest checkpoint, and this file system "
                "cannot swap directories atomically (%s); save under another step or delete it",
-               final, strerror(e));
+               s->final, strerror(e));
         goto fail;
       }
       char aside[PATHMAX];
-      snprintf(aside, sizeof aside, "%s/.tmp-old-%s-%ld", dir, name, (long)getpid());
-      if (rename(final, aside) != 0) {
-        seterr(inner, sizeof inner, "cannot move existing %s aside: %s", final, strerror(errno));
+      snprintf(aside, sizeof aside, "%s/.tmp-old-%s-%ld", dir, s->name, (long)getpid());
+      if (rename(s->final, aside) != 0) {
+        seterr(inner, sizeof inner, "cannot move existing %s aside: %s", s->final, strerror(errno));
         goto fail;
       }
-      if (rename(tmp, final) != 0) {
-        seterr(inner, sizeof inner, "cannot replace existing %s: %s", final, strerror(errno));
-        rename(aside, final); /* put the old one back */
+      if (rename(s->tmp, s->final) != 0) {
+        seterr(inner, sizeof inner, "cannot replace existing %s: %s", s->final, strerror(errno));
+        rename(aside, s->final); /* put the old one back */
         goto fail;
       }
       ckpt_rmtree(aside);
     } else {
-      ckpt_rmtree(tmp); /* now holds the old contents */
+      ckpt_rmtree(s->tmp); /* now holds the old contents */
     }
   }
   if (st_fsync_dir(dir, inner, sizeof inner) != 0) goto fail_placed;
 
-  /* 3. latest -> step-N */
+  /* latest -> step-N */
   snprintf(file, sizeof file, "%s/latest", dir);
   char line[80];
-  snprintf(line, sizeof line, "%s\n", name);
+  snprintf(line, sizeof line, "%s\n", s->name);
   if (st_write_atomic(file, line, strlen(line), inner, sizeof inner) != 0) goto fail_placed;
 
-  /* 4. only now: delete what falls out of the window, and leftovers */
-  int keep = c->keep > 0 ? c->keep : CKPT_DEFAULT_KEEP;
-  prune(dir, step, keep, err, errlen);
+  /* only now: delete what falls out of the window, and leftovers */
+  prune(dir, step, keep > 0 ? keep : CKPT_DEFAULT_KEEP, err, errlen);
   remove_stale(dir);
   st_fsync_dir(dir, NULL, 0);
   return 0;
 
 fail:
-  free(cfg_json);
-  ckpt_rmtree(tmp);
-  seterr(err, errlen, "checkpoint step %lld not saved (writing %s): %s%s", (long long)step, stage,
-         inner, keep_note);
+  ckpt_rmtree(s->tmp);
+  seterr(err, errlen, "checkpoint step %lld not saved (the rename into place): %s%s", (long long)step, inner,
+         s->keep_note);
   return -1;
 fail_placed:
   /* step-N is complete on disk but `latest` does not name it (yet) */
   seterr(err, errlen, "checkpoint step %lld not saved: %s; %s is complete but `latest` still "
-         "names %s", (long long)step, inner, final, have_prev ? prev : "nothing");
+         "names %s", (long long)step, inner, s->final, s->have_prev ? s->prev : "nothing");
   return -1;
 }
+
+int ckpt_save(const char *dir, int64_t step, const ckpt_contents *c, char *err, size_t errlen) {
+  char file[PATHMAX + 32], inner[1024] = "";
+  save_ctx s;
+  if (err && errlen) err[0] = 0;
+  if (validate_contents(c, 1, err, errlen) != 0 || save_begin(&s, dir, step, err, errlen) != 0) return -1;
+  /* every file of the checkpoint, each fsynced, in the temporary directory */
+  const char *stage = "model.safetensors";
+  snprintf(file, sizeof file, "%s/model.safetensors", s.tmp);
+  if (write_tensors(file, c, 0, inner, sizeof inner) != 0) goto fail;
+  stage = "optimizer.safetensors";
+  snprintf(file, sizeof file, "%s/optimizer.safetensors", s.tmp);
+  if (write_tensors(file, c, 1, inner, sizeof inner) != 0) goto fail;
+  if (save_meta(&s, step, c, &stage, inner, sizeof inner) != 0) goto fail;
+  return save_place(&s, dir, step, c->keep, err, errlen);
+fail:
+  ckpt_rmtree(s.tmp);
+  seterr(err, errlen, "checkpoint step %lld not saved (writing %s): %s%s", (long long)step, stage, inner, s.keep_note);
+  return -1;
+}
+
+/* ================================================================ sharded save */
+
+int ckpt_parts_begin(const char *dir, int64_t step, char *tmp_out, size_t len, char *err, size_t errlen) {
+  save_ctx s;
+  if (err && errlen) err[0] = 0;
+  if (save_begin(&s, dir, step, err, errlen) != 0) return -1;
+  if (strlen(s.tmp) >= len) {
+    ckpt_rmtree(s.tmp);
+    seterr(err, errlen, "checkpoint directory %.200s...: path too long", dir);
+    return -1;
+  }
+  memcpy(tmp_out, s.tmp, strlen(s.tmp) + 1);
+  return 0;
+}
+
+int ckpt_parts_write(const char *tmp, int k, int n, const ckpt_contents *c, char *err, size_t errlen) {
+  char file[PATHMAX + 128], part[96], inner[1024] = "";
+  if (validate_contents(c, 0, err, errlen) != 0) return -1;
+  if (k < 0 || k >= n) {
+    seterr(err, errlen, "checkpoint: part %d of %d", k, n);
+    return -1;
+  }
+  for (int which = 0; which < 2; which++) {
+    ckpt_part_name(part, sizeof part, which ? "optimizer" : "model", k, n);
+    snprintf(file, sizeof file, "%s/%s", tmp, part);
+    if (write_tensors(file, c, which, inner, sizeof inner) != 0) {
+      seterr(err, errlen, "checkpoint part %s not written: %s", part, inner);
+      return -1;
+    }
+  }
+  return 0;
+}
+
+int ckpt_parts_finish(const char *dir, int64_t step, const char *tmp, int n, const ckpt_contents *c, char *err,
+                      size_t errlen) {
+  char inner[1024] = "";
+  save_ctx s;
+  if (err && errlen) err[0] = 0;
+  if (save_init(&s, dir, step, tmp, err, errlen) != 0) return -1;
+  const char *stage = "model.safetensors.index.json";
+  if (ckpt_write_index(tmp, "model", n, inner, sizeof inner) != 0) goto fail;
+  stage = "optimizer.safetensors.index.json";
+  if (ckpt_write_index(tmp, "optimizer", n, inner, sizeof inner) != 0) goto fail;
+  if (save_meta(&s, step, c, &stage, inner, sizeof inner) != 0) goto fail;
+  return save_place(&s, dir, step, c->keep, err, errlen);
+fail:
+  ckpt_rmtree(s.tmp);
+  seterr(err, errlen, "checkpoint step %lld not saved (writing %s): %s%s", (long long)step, stage, inner, s.keep_note);
+  return -1;
+}
+
+void ckpt_parts_abandon(const char *tmp) { ckpt_rmtree(tmp); }
 
 /* ================================================================ latest */
 
@@ -660,10 +737,11 @@ const char *ckpt_state_str(const ckpt_state *s, const char *key) {
   return j && j->type == ST_JSON_STR ? j->s : NULL;
 }
 
-/* checks that f holds exactly the expected tensors (names from the params, with suffixes) */
-static int check_tensor_set(const st_file *f, const ckpt_contents *c, int moments, char *err,
+/* checks that t holds the expected tensors (names from the params, with suffixes): exactly
+ * those, or with c->subset at least those (the other EP ranks' experts are not read) */
+static int check_tensor_set(const ckpt_tset *t, const ckpt_contents *c, int moments, char *err,
                             size_t errlen) {
-  const char *file = st_path(f);
+  const char *file = t->label;
   const char *what = moments ? "the optimizer state" : "the model";
   size_t expected = 0;
   for (size_t i = 0; i < c->n_params; i++) {
@@ -672,7 +750,7 @@ static int check_tensor_set(const st_file *f, const ckpt_contents *c, int moment
     for (int k = 0; k < (moments ? 2 : 1); k++) {
       char nm[1024];
       snprintf(nm, sizeof nm, "%s%s", p->name, moments ? (k ? ".exp_avg_sq" : ".exp_avg") : "");
-      const st_view *v = st_find(f, nm);
+      const st_view *v = ckpt_tset_find(t, nm, NULL);
       char a[160], b[160];
       if (!v) {
         seterr(err, errlen, "%s: no tensor '%s', which %s needs: this checkpoint was written for "
@@ -694,9 +772,10 @@ static int check_tensor_set(const st_file *f, const ckpt_contents *c, int moment
       expected++;
     }
   }
-  if (st_count(f) != expected) {
-    for (size_t i = 0; i < st_count(f); i++) {
-      const char *nm = st_at(f, i)->name;
+  if (c->subset || ckpt_tset_count(t) == expected) return 0;
+  for (size_t f = 0; f < t->n; f++)
+    for (size_t i = 0; i < st_count(t->files[f]); i++) {
+      const char *nm = st_at(t->files[f], i)->name;
       int found = 0;
       for (size_t j = 0; j < c->n_params && !found; j++) {
         const ckpt_param *p = &c->params[j];
@@ -707,11 +786,10 @@ static int check_tensor_set(const st_file *f, const ckpt_contents *c, int moment
       }
       if (!found) {
         seterr(err, errlen, "%s: unexpected tensor '%s', which %s does not have: this checkpoint "
-               "was written for a different model", file, nm, what);
+               "was written for a different model", st_path(t->files[f]), nm, what);
         return -1;
       }
     }
-  }
   return 0;
 }
 
@@ -752,10 +830,11 @@ static int check_config(const char *file, const st_json *j, const moec_config *c
 
 int ckpt_load(const char *path, const ckpt_contents *c, ckpt_state *state, char *err,
               size_t errlen) {
+  /* the tensors: one file each, or the parts of a sharded (expert-parallel) save and their index */
   static const char *files[] = {"model.safetensors", "optimizer.safetensors", "config.json",
                                 "state.json"};
   char file[PATHMAX + 32];
-  st_file *model = NULL, *opt = NULL;
+  ckpt_tset model = {0}, opt = {0};
   st_json *cfg = NULL, *stj = NULL;
   int rc = -1;
   if (state) memset(state, 0, sizeof *state);
@@ -766,6 +845,8 @@ int ckpt_load(const char *path, const ckpt_contents *c, ckpt_state *state, char 
     return -1;
   }
   for (size_t i = 0; i < 4; i++) {
+    snprintf(file, sizeof file, "%s/%s%s", path, files[i], i < 2 ? ".index.json" : "");
+    if (i < 2 && access(file, R_OK) == 0) continue;
     snprintf(file, sizeof file, "%s/%s", path, files[i]);
     if (access(file, R_OK) != 0) {
       seterr(err, errlen, "checkpoint %s: missing %s (%s): not a complete moec checkpoint; use "
@@ -773,17 +854,15 @@ int ckpt_load(const char *path, const ckpt_contents *c, ckpt_state *state, char 
       return -1;
     }
   }
-  snprintf(file, sizeof file, "%s/model.safetensors", path);
-  if (!(model = st_open(file, err, errlen))) goto out;
-  if (check_tensor_set(model, c, 0, err, errlen) != 0) goto out;
-  snprintf(file, sizeof file, "%s/optimizer.safetensors", path);
-  if (!(opt = st_open(file, err, errlen))) goto out;
-  if (check_tensor_set(opt, c, 1, err, errlen) != 0) goto out;
+  if (ckpt_tset_open(&model, path, "model", err, errlen) != 0) goto out;
+  if (check_tensor_set(&model, c, 0, err, errlen) != 0) goto out;
+  if (ckpt_tset_open(&opt, path, "optimizer", err, errlen) != 0) goto out;
+  if (check_tensor_set(&opt, c, 1, err, errlen) != 0) goto out;
   snprintf(file, sizeof file, "%s/config.json", path);
-  if (!(cfg = read_json(file, err, errlen))) goto out;
+  if (!(cfg = ckpt_read_json(file, err, errlen))) goto out;
   if (check_config(file, cfg, c->config, err, errlen) != 0) goto out;
   snprintf(file, sizeof file, "%s/state.json", path);
-  if (!(stj = read_json(file, err, errlen))) goto out;
+  if (!(stj = ckpt_read_json(file, err, errlen))) goto out;
   const st_json *sj = st_json_get(stj, "step"), *sd = st_json_get(stj, "seed"),
                 *sv = st_json_get(stj, "moec_version");
   if (!sj || sj->type != ST_JSON_INT || sj->i < 0 || !sd || sd->type != ST_JSON_INT ||
@@ -805,12 +884,16 @@ int ckpt_load(const char *path, const ckpt_contents *c, ckpt_state *state, char 
     const ckpt_param *p = &c->params[i];
     int64_t n = numel_of(p);
     char nm[1024];
-    if (st_get_f32(model, p->name, p->w, n, err, errlen) != 0) goto out;
+    const st_file *f;
+    ckpt_tset_find(&model, p->name, &f);
+    if (st_get_f32(f, p->name, p->w, n, err, errlen) != 0) goto out;
     if (!p->m) continue;
     snprintf(nm, sizeof nm, "%s.exp_avg", p->name);
-    if (st_get_f32(opt, nm, p->m, n, err, errlen) != 0) goto out;
+    ckpt_tset_find(&opt, nm, &f);
+    if (st_get_f32(f, nm, p->m, n, err, errlen) != 0) goto out;
     snprintf(nm, sizeof nm, "%s.exp_avg_sq", p->name);
-    if (st_get_f32(opt, nm, p->v, n, err, errlen) != 0) goto out;
+    ckpt_tset_find(&opt, nm, &f);
+    if (st_get_f32(f, nm, p->v, n, err, errlen) != 0) goto out;
   }
   if (state) {
     state->step = sj->i;
@@ -821,8 +904,8 @@ int ckpt_load(const char *path, const ckpt_contents *c, ckpt_state *state, char 
   }
   rc = 0;
 out:
-  st_close(model);
-  st_close(opt);
+  ckpt_tset_close(&model);
+  ckpt_tset_close(&opt);
   st_json_free(cfg);
   st_json_free(stj);
   return rc;

@@ -10,6 +10,12 @@
  *       state.json               {"step": S, "seed": ..., "moec_version": "...", caller keys}
  *   DIR/.tmp-step-00000100-<pid>/  a checkpoint being written (or left by a crashed writer)
  *
+ * A sharded save (expert parallelism: each EP rank writes its own experts) holds, instead of
+ * the two .safetensors files, Hugging Face's sharded layout: model-00001-of-0000N.safetensors
+ * .. (part k: what writer k holds) and model.safetensors.index.json ({"metadata":
+ * {"total_size": bytes}, "weight_map": {name: part}}); optimizer-*-of-* and
+ * optimizer.safetensors.index.json likewise. ckpt_load reads either layout.
+ *
  * ckpt_save writes everything into the .tmp- directory (each file fsynced), fsyncs it,
  * renames it to step-N (atomically exchanging with an existing step-N), fsyncs DIR, replaces
  * DIR/latest atomically (temporary file, fsync, rename, fsync DIR), and only then deletes
@@ -61,6 +67,8 @@ typedef struct {
   size_t n_state;
   int keep;                     /* save only: checkpoints kept, the new one included;
                                    0 = CKPT_DEFAULT_KEEP */
+  int subset;                   /* load only: the checkpoint may hold more tensors than params
+                                   (an EP rank reads its own experts, not the others') */
 } ckpt_contents;
 
 /* Saves step into DIR (created, with parents, if missing). Returns 0 when the checkpoint is
@@ -68,6 +76,21 @@ typedef struct {
  * could not be deleted). Returns -1 with err set otherwise; `latest` and the previous
  * checkpoints are then untouched. */
 int ckpt_save(const char *dir, int64_t step, const ckpt_contents *c, char *err, size_t errlen);
+
+/* A sharded save, by several writers (one process or many, on a shared file system):
+ *   rank 0:       ckpt_parts_begin(dir, step, tmp, len): DIR made, a fresh temporary directory
+ *                 (its path into tmp, to hand to the writers)
+ *   writer k:     ckpt_parts_write(tmp, k, n, c): c's parameters and moments as part k of n,
+ *                 each file fsynced
+ *   rank 0, once every writer succeeded: ckpt_parts_finish(dir, step, tmp, n, c) (c: config and
+ *                 state only; its params are not read): the two indexes, config.json and
+ *                 state.json, then into place as ckpt_save does; otherwise ckpt_parts_abandon.
+ * The crash safety is ckpt_save's: `latest` names only a complete checkpoint. */
+int ckpt_parts_begin(const char *dir, int64_t step, char *tmp, size_t len, char *err, size_t errlen);
+int ckpt_parts_write(const char *tmp, int k, int n, const ckpt_contents *c, char *err, size_t errlen);
+int ckpt_parts_finish(const char *dir, int64_t step, const char *tmp, int n, const ckpt_contents *c, char *err,
+                      size_t errlen);
+void ckpt_parts_abandon(const char *tmp);
 
 /* The checkpoint DIR/latest names: 1 found (path_out = "DIR/step-...", *step_out = S),
  * 0 none (DIR or DIR/latest absent), -1 error (unreadable or malformed `latest`, or it names
@@ -85,8 +108,9 @@ typedef struct {
 
 /* Loads the checkpoint directory path (a step-* directory) into c->params[i].w/m/v, checking
  * first that all four files exist and parse, that model.safetensors holds exactly the
- * parameters of c (names, shapes; F32, or BF16/F16 converted), that optimizer.safetensors
- * holds exactly their moments, that config.json describes the same model sizes as c->config,
+ * parameters of c (names, shapes; F32, or BF16/F16 converted; with c->subset at least them),
+ * that optimizer.safetensors holds exactly (at least) their moments, either file possibly
+ * sharded (above), that config.json describes the same model sizes as c->config,
  * and that state.json's step matches the directory's name. Nothing is written to the
  * buffers unless all of that holds. state may be NULL; otherwise free it with
  * ckpt_state_free. Returns 0 or -1. */

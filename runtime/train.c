@@ -37,9 +37,8 @@ int train_param_is_linear_weight(const ir_graph *g, int id) {
 }
 
 /* ---- checkpoints: moec's [in, out] linear weights <-> Hugging Face's [out, in] ---- */
-/* A checkpoint is the whole model. With ep > 1 a rank holds its own experts only: the view
- * then has parts, part 0 this rank's graph and parameters, part k > 0 the expert parameters of
- * another EP rank's graph (gathered on save, read and dropped on load). */
+/* The parameters a rank writes or reads: a graph's, or with experts_only its experts alone (an
+ * EP rank other than 0 writes its experts; rank 0 the dense parameters too). */
 typedef struct {
   const ir_graph *g;
   rt_params *ps;
@@ -151,7 +150,7 @@ static int save_checkpoint(const ckpt_part *parts, int n_parts, int64_t step, co
   return rc;
 }
 
-static int load_checkpoint(const ckpt_part *parts, int n_parts, rt_params *ps, const char *dir) {
+static int load_checkpoint(const ckpt_part *self, rt_params *ps, int subset, const char *dir) {
   char path[4096], err[1024] = "";
   int64_t step = 0;
   int found = ckpt_latest_err(dir, path, sizeof path, &step, err, sizeof err);
@@ -163,11 +162,12 @@ static int load_checkpoint(const ckpt_part *parts, int n_parts, rt_params *ps, c
     return -1;
   }
   hf_view v;
-  int rc = hf_view_make(parts, n_parts, &v, 0);
+  int rc = hf_view_make(self, 1, &v, 0);
   ckpt_state st;
   memset(&st, 0, sizeof st);
   if (rc == 0) {
-    ckpt_contents c = contents(parts[0].g, &v);
+    ckpt_contents c = contents(self->g, &v);
+    c.subset = subset;
     rc = ckpt_load(path, &c, &st, err, sizeof err);
     if (rc) fprintf(stderr, "moec: error: --resume: %s\n", err);
   } else {
@@ -182,69 +182,45 @@ static int load_checkpoint(const ckpt_part *parts, int n_parts, rt_params *ps, c
   return rc;
 }
 
-/* ---- expert parallelism: the other EP ranks' experts, for whole-model checkpoints ---- */
-typedef struct {
-  ckpt_part *parts; /* (ep) part 0: this rank; then the other EP ranks' experts */
-  int n;
-} ep_view;
-
-static void ep_view_free(ep_view *e) {
-  for (int k = 1; e->parts && k < e->n; k++) rt_params_free(e->parts[k].ps);
-  free(e->parts);
-}
-
-/* The parts for EP rank me of ep (graphs steps[e]); the others' parameters get their own
- * storage (initial values: overwritten by the gather or the load). */
-static int ep_view_make(ep_view *e, const ir_graph *const *steps, int ep, int me, rt_params *ps) {
-  e->n = ep;
-  if (!(e->parts = calloc((size_t)ep, sizeof *e->parts))) return -1;
-  e->parts[0] = (ckpt_part){steps[me], ps, 0};
-  for (int k = 1, o = 0; k < ep; k++, o++) {
-    if (o == me) o++;
-    e->parts[k] = (ckpt_part){steps[o], rt_params_new(steps[o], 0), 1};
-    if (!e->parts[k].ps) return -1;
+/* ---- expert parallelism: each EP rank of DP group 0 writes its part of a sharded checkpoint ---- */
+static int save_checkpoint_parts(const ckpt_part *self, comm *c, int64_t step, const char *dir, double loss, char *err,
+                                 size_t errlen) {
+  const int me = comm_rank(c), n = comm_size(c);
+  struct {
+    int32_t ok;
+    char tmp[4096];
+  } start = {1, ""};
+  char e[1024] = "";
+  if (me == 0 && ckpt_parts_begin(dir, step, start.tmp, sizeof start.tmp, e, sizeof e)) start.ok = 0;
+  if (comm_broadcast(c, &start, sizeof start, 0, err, errlen)) return -1;
+  if (!start.ok) {
+    if (me == 0) snprintf(err, errlen, "%s", e);
+    else snprintf(err, errlen, "rank 0 could not start the checkpoint of step %lld", (long long)step);
+    if (me == 0) fprintf(stderr, "moec: error: --ckpt-dir %s: checkpoint of step %lld not written: %s\n", dir, (long long)step, e);
+    return -1;
   }
-  return 0;
-}
-
-/* This rank's expert values (w, m, v of each expert param in graph order): pack (dir 0) or unpack. */
-static size_t ep_pack(const ir_graph *g, rt_params *ps, float *buf, int unpack) {
-  size_t n = 0;
-  for (int id = 0; id < g->n_nodes; id++) {
-    if (g->nodes[id].op != OP_PARAM || ir_get_int(&g->nodes[id], "expert", -1) < 0) continue;
-    rt_param *p = rt_params_find(ps, ir_get_str(&g->nodes[id], "name", ""));
-    float *a[3] = {p->w, p->m, p->v};
-    for (int j = 0; j < 3; j++, n += (size_t)p->numel)
-      if (buf) {
-        if (unpack) memcpy(a[j], buf + n, (size_t)p->numel * sizeof(float));
-        else memcpy(buf + n, a[j], (size_t)p->numel * sizeof(float));
-      }
-  }
-  return n;
-}
-
-/* The ranks of DP group 0 gather their experts (comm_all_gather over EP); world rank 0 writes. */
-static int save_checkpoint_ep(ep_view *e, comm_world *w, int rank, const ir_graph *const *steps, int ep, int64_t step,
-                              const char *dir, double loss, char *err, size_t errlen) {
-  const ckpt_part *me = &e->parts[0];
-  size_t n = ep_pack(me->g, me->ps, NULL, 0);
-  float *mine = malloc((n + 1) * sizeof *mine), *all = malloc(((size_t)ep * n + 1) * sizeof *all);
-  int rc = !mine || !all;
-  if (rc) snprintf(err, errlen, "out of host memory for the checkpoint's expert gather");
-  if (rc == 0) {
-    ep_pack(me->g, me->ps, mine, 0);
-    rc = comm_all_gather(comm_get(w, rank, COMM_EP), mine, n * sizeof *mine, all, err, errlen) != 0;
-  }
-  if (rc == 0 && rank == 0) {
-    for (int k = 1; k < e->n; k++) {
-      int o = 0;
-      while (steps[o] != e->parts[k].g) o++;
-      ep_pack(e->parts[k].g, e->parts[k].ps, all + (size_t)o * n, 1);
+  hf_view v;
+  int32_t good = hf_view_make(self, 1, &v, 1) == 0;
+  ckpt_contents cc = contents(self->g, &v);
+  if (!good) snprintf(e, sizeof e, "out of host memory");
+  else if (ckpt_parts_write(start.tmp, me, n, &cc, e, sizeof e)) good = 0;
+  if (!good) fprintf(stderr, "moec: error: --ckpt-dir %s: checkpoint of step %lld, EP rank %d's part: %s\n", dir, (long long)step, me, e);
+  int32_t all = good;
+  int rc = comm_all_reduce_sum(c, &all, 1, COMM_I32, err, errlen);
+  if (rc == 0 && me == 0) {
+    ckpt_kv kv[] = {{"data_position", CKPT_INT, step, 0, NULL}, {"loss", CKPT_F64, 0, isfinite(loss) ? loss : 0, NULL}};
+    cc.state = kv;
+    cc.n_state = 2;
+    if (all != n) ckpt_parts_abandon(start.tmp);
+    else if (ckpt_parts_finish(dir, step, start.tmp, n, &cc, e, sizeof e)) {
+      fprintf(stderr, "moec: error: --ckpt-dir %s: checkpoint of step %lld not written: %s\n", dir, (long long)step, e);
+      rc = -1;
+    } else if (e[0]) {
+      fprintf(stderr, "moec: warning: %s\n", e);
     }
-    rc = save_checkpoint(e->parts, e->n, step, dir, loss);
   }
-  free(mine);
-  free(all);
+  hf_view_free(&v);
+  if (rc == 0 && all != n) rc = -1, snprintf(err, errlen, "checkpoint of step %lld: %d of %d EP ranks failed to write their parts", (long long)step, n - all, n);
   return rc;
 }
 
@@ -328,22 +304,21 @@ typedef struct {
   int rc;
 } rank_ctx;
 
-/* Writes a checkpoint: rank 0 alone, or with ep > 1 the EP group of DP rank 0 (rank < ep)
- * gathering its experts to rank 0. With ZeRO-1 every rank first gathers the moments back
- * (and cuts its shards again after), so every rank calls this. */
-static int save_any(ep_view *ev, const rank_ctx *r, rt_params *ps, int ep, int64_t step, double loss, char *err,
-                    size_t errlen) {
+/* Writes a checkpoint: rank 0 alone, or with ep > 1 the EP group of DP rank 0 (rank < ep),
+ * each rank its part (save_checkpoint_parts). With ZeRO-1 every rank first gathers the
+ * moments back (and cuts its shards again after), so every rank calls this. */
+static int save_any(const rank_ctx *r, rt_params *ps, int ep, int64_t step, double loss, char *err, size_t errlen) {
   int zero = r->step_g->cfg.zero && r->comm, rc = 0;
   if (zero) rc = zero_unshard(ps, r->step_g, r->comm, r->rank, err, errlen);
+  ckpt_part self = {r->step_g, ps, r->rank > 0};
   if (rc == 0 && r->rank < ep) {
-    if (ep == 1) rc = save_checkpoint(ev->parts, ev->n, step, r->o->ckpt_dir, loss);
-    else rc = save_checkpoint_ep(ev, r->comm, r->rank, r->steps, ep, step, r->o->ckpt_dir, loss, err, errlen);
+    if (ep == 1) rc = save_checkpoint(&self, 1, step, r->o->ckpt_dir, loss);
+    else rc = save_checkpoint_parts(&self, comm_get(r->comm, r->rank, COMM_EP), step, r->o->ckpt_dir, loss, err, errlen);
   }
   if (zero) { /* even after a failed write: a retry later must find the shards, not the whole moments */
     char e2[512];
     if (zero_shard(ps, r->step_g, r->comm, r->rank, e2, sizeof e2) && !rc) rc = -1, snprintf(err, errlen, "%s", e2);
   }
-  if (rc && r->rank != 0 && err[0]) fprintf(stderr, "moec: error: rank %d: %s\n", r->rank, err);
   return rc;
 }
 
@@ -412,14 +387,11 @@ static int train_rank(rank_ctx *r) {
   }
   int ep = cfg->ep > 1 ? (int)cfg->ep : 1;
   rt_params *ps = rt_params_new(step_g, (uint64_t)cfg->seed);
-  ep_view ev = {NULL, 1};
   ckpt_part self = {step_g, ps, 0};
   executors ex;
   memset(&ex, 0, sizeof ex);
   FILE *logf = NULL;
   int32_t *tok = malloc((size_t)T * sizeof *tok), *lab = malloc((size_t)T * sizeof *lab);
-  if (ps && ep > 1 && ep_view_make(&ev, r->steps, ep, r->rank % ep, ps)) ps = NULL, rt_params_free(self.ps);
-  if (ep == 1) ev.parts = &self;
   if (!ps || !tok || !lab) {
     fprintf(msgf, "moec: error: out of host memory for the parameters and the batch\n");
     goto done;
@@ -429,7 +401,8 @@ static int train_rank(rank_ctx *r) {
       fprintf(msgf, "moec: error: --resume needs --ckpt-dir DIR (where the checkpoints are)\n");
       goto done;
     }
-    if (load_checkpoint(ev.parts, ev.n, ps, o->ckpt_dir)) goto done;
+    /* with ep > 1 this rank reads the dense parameters and its own experts only */
+    if (load_checkpoint(&self, ps, ep > 1, o->ckpt_dir)) goto done;
     if (ps->moments_bf16) /* moments saved in f32 (a run without moments = bf16) start as a GPU would hold them */
       for (int i = 0; i < ps->n; i++) ck_round_bf16(ps->p[i].m, ps->p[i].numel), ck_round_bf16(ps->p[i].v, ps->p[i].numel);
     fprintf(msgf, "resumed from %s at step %lld\n", o->ckpt_dir, (long long)ps->step);
@@ -464,7 +437,7 @@ static int train_rank(rank_ctx *r) {
   if (end <= ps->step) {
     /* nothing to train (--stop-at 0, or resumed at the end): write the weights as they are */
     fprintf(msgf, "no steps to run (at step %lld, stopping at %lld)\n", (long long)ps->step, (long long)end);
-    rc = (r->rank < ep || cfg->zero) && o->ckpt_dir ? save_any(&ev, r, ps, ep, ps->step, NAN, err, sizeof err) != 0 : 0;
+    rc = (r->rank < ep || cfg->zero) && o->ckpt_dir ? save_any(r, ps, ep, ps->step, NAN, err, sizeof err) != 0 : 0;
     goto done;
   }
   int64_t val_batches = o->val_batches > 0 ? o->val_batches : 8;
@@ -550,7 +523,7 @@ static int train_rank(rank_ctx *r) {
     if ((r->rank < ep || cfg->zero) && o->ckpt_dir && ((o->ckpt_every > 0 && s % o->ckpt_every == 0) || last))
       if ((ex.rt && gpu_runtime_download(ex.rt, ps, err, sizeof err) != 0 &&
            fprintf(msgf, "moec: error: %s\n", err) > 0) ||
-          save_any(&ev, r, ps, ep, ps->step, loss, err, sizeof err)) {
+          save_any(r, ps, ep, ps->step, loss, err, sizeof err)) {
         rc = 1;
         break;
       }
@@ -594,7 +567,6 @@ done:
   /* release the peers waiting in a collective first: freeing the GPU waits for this rank's queue */
   if (rc && r->comm) comm_abort(r->comm, r->rank, err[0] ? err : "training stopped");
   executors_free(&ex, rc != 0);
-  if (ev.parts != &self) ep_view_free(&ev);
   rt_params_free(ps);
   free(tok);
   free(lab);

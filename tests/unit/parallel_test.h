@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "ckpt_int.h"
 #include "safetensors.h"
 
 static const char *tmp;
@@ -32,28 +33,33 @@ static int read_log(const char *tag, double *v, int max) {
 
 static double rel(double a, double b) { return fabs(a - b) / fmax(fabs(b), 1e-30); }
 
-/* Max over tensors of max|a - b| / max|b| (each tensor's scale), in file `which`. */
+/* Max over tensors of max|a - b| / max|b| (each tensor's scale), of kind `which` ("model" or
+ * "optimizer"): one file, or the parts of a sharded (EP) checkpoint (ckpt_int.h reads both). */
 static double compare_ckpt(const char *a, const char *b, const char *step, const char *which) {
-  char pa[1024], pb[1024], err[512];
-  snprintf(pa, sizeof pa, "%s/%s/%s/%s", tmp, a, step, which);
-  snprintf(pb, sizeof pb, "%s/%s/%s/%s", tmp, b, step, which);
-  st_file *fa = st_open(pa, err, sizeof err), *fb = st_open(pb, err, sizeof err);
-  CHECK(fa && fb, "open %s / %s: %s", pa, pb, err);
-  double worst = fa && fb ? 0 : INFINITY;
-  for (size_t i = 0; fa && fb && i < st_count(fa); i++) {
-    const st_view *va = st_at(fa, i), *vb = st_find(fb, va->name);
-    CHECK(vb && vb->numel == va->numel && va->dtype == ST_F32, "%s: %s missing or different", which, va->name);
-    if (!vb || vb->numel != va->numel || va->dtype != ST_F32) continue;
-    const float *x = va->data, *y = vb->data;
-    double d = 0, m = 0;
-    for (int64_t k = 0; k < va->numel; k++) {
-      d = fmax(d, fabs((double)x[k] - (double)y[k]));
-      m = fmax(m, fabs((double)y[k]));
+  char pa[1024], pb[1024], err[512] = "";
+  snprintf(pa, sizeof pa, "%s/%s/%s", tmp, a, step);
+  snprintf(pb, sizeof pb, "%s/%s/%s", tmp, b, step);
+  ckpt_tset ta, tb;
+  int oa = ckpt_tset_open(&ta, pa, which, err, sizeof err) == 0, ob = oa && ckpt_tset_open(&tb, pb, which, err, sizeof err) == 0;
+  CHECK(oa && ob, "open %s of %s / %s: %s", which, pa, pb, err);
+  double worst = oa && ob ? 0 : INFINITY;
+  CHECK(!(oa && ob) || ckpt_tset_count(&ta) == ckpt_tset_count(&tb), "%s: %zu and %zu tensors", which,
+        ckpt_tset_count(&ta), ckpt_tset_count(&tb));
+  for (size_t f = 0; oa && ob && f < ta.n; f++)
+    for (size_t i = 0; i < st_count(ta.files[f]); i++) {
+      const st_view *va = st_at(ta.files[f], i), *vb = ckpt_tset_find(&tb, va->name, NULL);
+      CHECK(vb && vb->numel == va->numel && va->dtype == ST_F32, "%s: %s missing or different", which, va->name);
+      if (!vb || vb->numel != va->numel || va->dtype != ST_F32) continue;
+      const float *x = va->data, *y = vb->data;
+      double d = 0, m = 0;
+      for (int64_t k = 0; k < va->numel; k++) {
+        d = fmax(d, fabs((double)x[k] - (double)y[k]));
+        m = fmax(m, fabs((double)y[k]));
+      }
+      if (m > 0) worst = fmax(worst, d / m);
     }
-    if (m > 0) worst = fmax(worst, d / m);
-  }
-  st_close(fa);
-  st_close(fb);
+  if (ob) ckpt_tset_close(&tb);
+  if (oa) ckpt_tset_close(&ta);
   return worst;
 }
 
@@ -67,8 +73,8 @@ static void same_as(const char *one, const char *tag, int steps) {
   CHECK(na == 3 * steps && nb == na, "%s: %d and %d logged values", tag, na, nb);
   double worst = 0;
   for (int i = 0; i < na && i < nb; i++) worst = fmax(worst, rel(b[i], a[i]));
-  double w = compare_ckpt(one, tag, step, "model.safetensors");
-  double m = compare_ckpt(one, tag, step, "optimizer.safetensors");
+  double w = compare_ckpt(one, tag, step, "model");
+  double m = compare_ckpt(one, tag, step, "optimizer");
   printf("%s vs one rank: losses/grad norms %.2e, weights %.2e, Adam moments %.2e (max relative)\n", tag, worst, w, m);
   CHECK(worst <= 1e-5 && w <= 1e-5 && m <= 1e-5, "%s differs from one rank beyond 1e-5", tag);
 }

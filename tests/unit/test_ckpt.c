@@ -704,6 +704,119 @@ static void test_crash(void) {
   free(back.mem);
 }
 
+/* ---------------------------------------------------------------- sharded (EP) saves */
+
+/* Params idx[0..n) of m as a contents of their own (copied descriptors). */
+static ckpt_contents part_of(const model *m, ckpt_param *buf, const int *idx, size_t n, const moec_config *cfg) {
+  for (size_t i = 0; i < n; i++) buf[i] = m->p[idx[i]];
+  ckpt_contents c = {.config = cfg, .bos_id = 2, .eos_id = 3, .pad_id = 1, .params = buf, .n_params = n};
+  return c;
+}
+
+/* Writes step into dir as two parts: 0 the dense parameters (and the frozen scalar), 1 the experts. */
+static int save_two_parts(const char *dir, int64_t step, const model *m, const moec_config *cfg, char *err, size_t errlen) {
+  static const int dense[] = {0, 1, 2, 5, 6, 7}, experts[] = {3, 4};
+  ckpt_param a[6], b[2];
+  ckpt_contents ca = part_of(m, a, dense, 6, cfg), cb = part_of(m, b, experts, 2, cfg);
+  char tmp[4096];
+  if (ckpt_parts_begin(dir, step, tmp, sizeof tmp, err, errlen)) return -1;
+  if (ckpt_parts_write(tmp, 0, 2, &ca, err, errlen) || ckpt_parts_write(tmp, 1, 2, &cb, err, errlen)) {
+    ckpt_parts_abandon(tmp);
+    return -1;
+  }
+  return ckpt_parts_finish(dir, step, tmp, 2, &ca, err, errlen);
+}
+
+static void test_parts(void) {
+  char dir[512], err[1024], path[600], f[700], cmd[4096];
+  snprintf(dir, sizeof dir, "%s/parts", root);
+  moec_config cfg = tiny_config();
+  model m, back;
+  model_init(&m, 1);
+  model_init(&back, 1);
+  model_fill(&m, 4);
+  CHECK(save_two_parts(dir, 4, &m, &cfg, err, sizeof err) == 0);
+  CHECK(ckpt_latest(dir, path, sizeof path, NULL) == 1 && strstr(path, "step-00000004"));
+  static const char *files[] = {"model.safetensors.index.json", "model-00001-of-00002.safetensors",
+                                "model-00002-of-00002.safetensors", "optimizer.safetensors.index.json",
+                                "optimizer-00001-of-00002.safetensors", "optimizer-00002-of-00002.safetensors",
+                                "config.json", "state.json"};
+  for (int i = 0; i < 8; i++) {
+    snprintf(f, sizeof f, "%s/%s", path, files[i]);
+    CHECK(access(f, R_OK) == 0);
+  }
+  snprintf(f, sizeof f, "%s/model.safetensors", path);
+  CHECK(access(f, F_OK) != 0);
+  CHECK(count_prefix(dir, ".tmp-") == 0);
+  /* the index maps every tensor to its part, and sums the data bytes */
+  snprintf(f, sizeof f, "%s/model.safetensors.index.json", path);
+  const char *idx = slurp(f);
+  CHECK(idx && strstr(idx, "\"model.layers.0.block_sparse_moe.experts.0.w1.weight\": \"model-00002-of-00002.safetensors\""));
+  CHECK(idx && strstr(idx, "\"lm_head.weight\": \"model-00001-of-00002.safetensors\""));
+  char total[64];
+  int64_t bytes = 0;
+  for (size_t i = 0; i < m.n; i++) bytes += numel(&m.p[i]) * 4;
+  snprintf(total, sizeof total, "\"total_size\": %lld", (long long)bytes);
+  CHECK(idx && strstr(idx, total));
+
+  /* the whole model loads from the parts; an EP rank's subset (the experts) too */
+  ckpt_contents lc = contents(&back, &cfg, NULL, 0);
+  model_fill(&back, 999);
+  CHECK(ckpt_load(path, &lc, NULL, err, sizeof err) == 0);
+  CHECK(model_diff(&back, 4) == 0);
+  static const int experts[] = {3, 4};
+  ckpt_param eb[2];
+  model_fill(&back, 999);
+  ckpt_contents sc = part_of(&back, eb, experts, 2, &cfg);
+  CHECK(ckpt_load(path, &sc, NULL, err, sizeof err) == -1); /* not subset: the dense ones are unexpected */
+  CHECK_ERR(err, "unexpected tensor");
+  sc.subset = 1;
+  CHECK(ckpt_load(path, &sc, NULL, err, sizeof err) == 0);
+  CHECK(back.p[3].w[5] == val(4, 3, 0, 5) && back.p[4].v[7] == val(4, 4, 2, 7) && back.p[0].w[0] == val(999, 0, 0, 0));
+  /* and a one-file checkpoint loads as a subset */
+  char one[512];
+  snprintf(one, sizeof one, "%s/parts-one", root);
+  ckpt_contents wc = contents(&m, &cfg, NULL, 0);
+  CHECK(ckpt_save(one, 4, &wc, err, sizeof err) == 0);
+  snprintf(f, sizeof f, "%s/step-00000004", one);
+  model_fill(&back, 999);
+  CHECK(ckpt_load(f, &sc, NULL, err, sizeof err) == 0 && back.p[4].m[3] == val(4, 4, 1, 3));
+
+  /* an abandoned sharded save leaves the last checkpoint named and no temporary behind */
+  char tmp[4096];
+  CHECK(ckpt_parts_begin(dir, 5, tmp, sizeof tmp, err, sizeof err) == 0);
+  CHECK(count_prefix(dir, ".tmp-") == 1);
+  ckpt_parts_abandon(tmp);
+  CHECK(count_prefix(dir, ".tmp-") == 0);
+  CHECK(ckpt_latest(dir, f, sizeof f, NULL) == 1 && !strcmp(f, path));
+
+  /* a damaged index or a missing part fails the load with a message, and writes nothing */
+  model_fill(&back, 999);
+  snprintf(cmd, sizeof cmd, "cd %s && cp model.safetensors.index.json i.bak && "
+           "sed -i 's/\"lm_head.weight\": \"model-00001/\"lm_head.weight\": \"model-00002/' model.safetensors.index.json",
+           path);
+  CHECK(system(cmd) == 0);
+  CHECK(ckpt_load(path, &lc, NULL, err, sizeof err) == -1);
+  CHECK_ERR(err, "names 'lm_head.weight' in model-00002-of-00002.safetensors, which does not hold it");
+  snprintf(cmd, sizeof cmd, "cd %s && cp i.bak model.safetensors.index.json && "
+           "sed -i 's/: \"model-00002-of-00002.safetensors\"/: \"..\\/x.safetensors\"/' model.safetensors.index.json", path);
+  CHECK(system(cmd) == 0);
+  CHECK(ckpt_load(path, &lc, NULL, err, sizeof err) == -1);
+  CHECK_ERR(err, "not a .safetensors file of this directory");
+  snprintf(cmd, sizeof cmd, "cd %s && cp i.bak model.safetensors.index.json && sed -i '/lm_head.weight/d' "
+           "model.safetensors.index.json", path);
+  CHECK(system(cmd) == 0);
+  CHECK(ckpt_load(path, &lc, NULL, err, sizeof err) == -1);
+  CHECK_ERR(err, "its parts hold 8 tensors but it maps 7");
+  snprintf(cmd, sizeof cmd, "cd %s && mv i.bak model.safetensors.index.json && rm optimizer-00002-of-00002.safetensors", path);
+  CHECK(system(cmd) == 0);
+  CHECK(ckpt_load(path, &lc, NULL, err, sizeof err) == -1);
+  CHECK_ERR(err, "optimizer-00002-of-00002.safetensors");
+  CHECK(model_diff(&back, 999) == 0);
+  free(m.mem);
+  free(back.mem);
+}
+
 int main(void) {
   snprintf(root, sizeof root, "%s/moec_ckpt_XXXXXX", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
   if (getenv("MOEC_TEST_SEED")) rng_state = strtoull(getenv("MOEC_TEST_SEED"), NULL, 0);
@@ -716,6 +829,7 @@ int main(void) {
   test_load_errors();
   test_save_errors();
   test_stale();
+  test_parts();
   test_crash();
   ckpt_rmtree(root);
   if (failures) {

@@ -1,8 +1,9 @@
 /* test_parallel.c -- data parallelism on the CPU (ranks as threads): `moec train --set dp=N`
  * on a tiny model gives the same losses, gradient norms, weights and Adam moments as one rank
  * (fp32, <= 1e-5 relative), and so do ep=2 and ep=2 x dp=2 (experts sharded, rows exchanged
- * all-to-all); the checkpoint a DP or EP run writes resumes at another DP or EP size; ep > 1
- * without the fused experts is refused with a message. Needs $MOEC (ctest sets it). */
+ * all-to-all); the checkpoint a DP or EP run writes resumes at another DP or EP size (with EP
+ * each EP rank writes its own part: ep=2 -> 1, 1 -> ep=2 x dp=2, ep=2 -> 4); ep > 1 without the
+ * fused experts is refused with a message. Needs $MOEC (ctest sets it). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,6 +24,24 @@ static int run(const char *args, const char *tag) {
 }
 
 static void same_as_one_rank(const char *tag, int steps) { same_as("dp1", tag, steps); }
+
+/* Run tag's checkpoint at step is sharded in n parts of each kind (one per EP rank), the parts
+ * after the first holding experts only (their EP rank's), every part some. */
+static void check_sharded(const char *tag, int step, size_t n) {
+  for (int kind = 0; kind < 2; kind++) {
+    char path[1024], err[512] = "";
+    snprintf(path, sizeof path, "%s/%s/step-%08d", tmp, tag, step);
+    ckpt_tset t;
+    int ok = ckpt_tset_open(&t, path, kind ? "optimizer" : "model", err, sizeof err) == 0;
+    CHECK(ok && t.index && t.n == n, "%s: %s: not %zu parts with an index: %s", tag, kind ? "optimizer" : "model", n, err);
+    for (size_t k = 0; ok && k < t.n; k++) {
+      CHECK(st_count(t.files[k]) > 0, "%s: part %zu is empty", tag, k);
+      for (size_t i = 0; k > 0 && i < st_count(t.files[k]); i++)
+        CHECK(strstr(st_at(t.files[k], i)->name, ".experts."), "%s: part %zu holds %s", tag, k, st_at(t.files[k], i)->name);
+    }
+    if (ok) ckpt_tset_close(&t);
+  }
+}
 
 int main(void) {
   moec = getenv("MOEC");
@@ -57,6 +76,13 @@ int main(void) {
   CHECK(run("--steps 6 --set ep=2 --set dp=2 --resume", "re2") == 0, "resume at ep=2 dp=2 failed");
   same_as_one_rank("re1", 6);
   same_as_one_rank("re2", 6);
+  /* each EP rank writes its own part: ep=2's checkpoint is two parts, and it resumes at ep=4 */
+  check_sharded("ep2", 6, 2);
+  check_sharded("re2", 6, 2);
+  CHECK(run("--steps 6 --set ep=2 --stop-at 3", "re4") == 0, "ep=2 --stop-at 3 failed");
+  CHECK(run("--steps 6 --set ep=4 --resume", "re4") == 0, "resume at ep=4 failed");
+  check_sharded("re4", 6, 4);
+  same_as_one_rank("re4", 6);
   /* bf16 and mxfp8: each expert's compute copy (a cast of its param) goes with the param to the
      rank that owns it; the losses follow one rank's within the rounding of the sums' order */
   for (int p = 0; p < 2; p++) {
