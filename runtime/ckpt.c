@@ -589,6 +589,13 @@ fail_placed:
   return -1;
 }
 
+/* A save that failed writing `stage` (why: inner): the temporary directory goes, -1. */
+static int save_failed(const save_ctx *s, int64_t step, const char *stage, const char *inner, char *err, size_t errlen) {
+  ckpt_rmtree(s->tmp);
+  seterr(err, errlen, "checkpoint step %lld not saved (writing %s): %s%s", (long long)step, stage, inner, s->keep_note);
+  return -1;
+}
+
 int ckpt_save(const char *dir, int64_t step, const ckpt_contents *c, char *err, size_t errlen) {
   char file[PATHMAX + 32], inner[1024] = "";
   save_ctx s;
@@ -604,9 +611,7 @@ int ckpt_save(const char *dir, int64_t step, const ckpt_contents *c, char *err, 
   if (save_meta(&s, step, c, &stage, inner, sizeof inner) != 0) goto fail;
   return save_place(&s, dir, step, c->keep, err, errlen);
 fail:
-  ckpt_rmtree(s.tmp);
-  seterr(err, errlen, "checkpoint step %lld not saved (writing %s): %s%s", (long long)step, stage, inner, s.keep_note);
-  return -1;
+  return save_failed(&s, step, stage, inner, err, errlen);
 }
 
 /* ================================================================ sharded save */
@@ -655,9 +660,7 @@ int ckpt_parts_finish(const char *dir, int64_t step, const char *tmp, int n, con
   if (save_meta(&s, step, c, &stage, inner, sizeof inner) != 0) goto fail;
   return save_place(&s, dir, step, c->keep, err, errlen);
 fail:
-  ckpt_rmtree(s.tmp);
-  seterr(err, errlen, "checkpoint step %lld not saved (writing %s): %s%s", (long long)step, stage, inner, s.keep_note);
-  return -1;
+  return save_failed(&s, step, stage, inner, err, errlen);
 }
 
 void ckpt_parts_abandon(const char *tmp) { ckpt_rmtree(tmp); }

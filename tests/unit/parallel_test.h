@@ -12,7 +12,30 @@
 #include "ckpt_int.h"
 #include "safetensors.h"
 
-static const char *tmp;
+static const char *moec; /* $MOEC */
+static const char *tmp;  /* the runs' directory */
+
+/* moec from $MOEC and a fresh tmp, dir ("/tmp/moec-NAME-XXXXXX", made here); 0, or -1 after a
+ * message. */
+static int parallel_test_begin(char *dir) {
+  if (!(moec = getenv("MOEC"))) {
+    fprintf(stderr, "set MOEC to the moec binary\n");
+    return -1;
+  }
+  if (!(tmp = mkdtemp(dir))) perror(dir);
+  return tmp ? 0 : -1;
+}
+
+/* The CPU tests' small tiny: `moec train` of it plus args, logging to tmp/TAG.jsonl,
+ * checkpointing in tmp/TAG, stderr into tmp/TAG.err; system()'s status. */
+#define PARALLEL_TEST_SMALL "--set hidden=32 --set ffn=48 --set seq=64 --set batch=4 --set heads=4 --set kv_heads=2 " \
+                            "--set val_every=0"
+static inline int run_cpu(const char *args, const char *tag) {
+  char cmd[2048];
+  snprintf(cmd, sizeof cmd, "%s train models/tiny.moe " PARALLEL_TEST_SMALL " --val-batches 1 --device cpu %s --log %s/%s.jsonl "
+           "--ckpt-dir %s/%s 2>%s/%s.err", moec, args, tmp, tag, tmp, tag, tmp, tag);
+  return system(cmd);
+}
 
 /* "loss", "ce" and "grad_norm" of every step line, in order. */
 static int read_log(const char *tag, double *v, int max) {

@@ -29,8 +29,6 @@
 #define NAIVE "--disable-pass=group-linear,grouped-mlp" /* the per-expert linears (the default is fused) */
 #define FUSED "--passes=lower,group-linear,grouped-mlp,parallelize,autodiff,sync,fold-grad-cast,fuse-residual,dce"
 
-static const char *moec;
-
 static int run(const char *env, const char *launch, const char *args, const char *tag) {
   char cmd[3072];
   /* a stuck collective fails after 60 s with the rank and the collective named, well before
@@ -161,12 +159,8 @@ int main(void) {
     printf("SKIP: no CUDA driver or GPU here (%s); GPU parallelism is tested on the H200\n", ngpus == 0 && !err[0] ? "no device" : err);
     return 0;
   }
-  if (!(moec = getenv("MOEC"))) {
-    fprintf(stderr, "set MOEC to the moec binary\n");
-    return 1;
-  }
   char dir[] = "/tmp/moec-gpu-parallel-XXXXXX";
-  if (!(tmp = mkdtemp(dir))) return 1;
+  if (parallel_test_begin(dir)) return 1;
   test_host_staged();
 
   /* 2. ranks as threads sharing GPU 0 through host memory */

@@ -11,18 +11,6 @@
 #include "check.h"
 #include "parallel_test.h"
 
-#define SMALL "--set hidden=32 --set ffn=48 --set seq=64 --set batch=4 --set heads=4 --set kv_heads=2 " \
-              "--set val_every=0 --val-batches 1 --device cpu"
-
-static const char *moec;
-
-static int run(const char *args, const char *tag) {
-  char cmd[2048];
-  snprintf(cmd, sizeof cmd, "%s train models/tiny.moe " SMALL " %s --log %s/%s.jsonl --ckpt-dir %s/%s 2>%s/%s.err", moec,
-           args, tmp, tag, tmp, tag, tmp, tag);
-  return system(cmd);
-}
-
 static void same_as_one_rank(const char *tag, int steps) { same_as("dp1", tag, steps); }
 
 /* Run tag's checkpoint at step is sharded in n parts of each kind (one per EP rank), the parts
@@ -44,43 +32,38 @@ static void check_sharded(const char *tag, int step, size_t n) {
 }
 
 int main(void) {
-  moec = getenv("MOEC");
-  if (!moec) {
-    fprintf(stderr, "set MOEC to the moec binary\n");
-    return 1;
-  }
   char dir[] = "/tmp/moec-parallel-XXXXXX";
-  if (!(tmp = mkdtemp(dir))) return 1;
-  CHECK(run("--steps 6", "dp1") == 0, "one rank failed");
-  CHECK(run("--steps 6 --set dp=2", "dp2") == 0, "dp=2 failed");
-  CHECK(run("--steps 6 --set dp=4", "dp4") == 0, "dp=4 failed");
-  CHECK(run("--steps 6 --set ep=2", "ep2") == 0, "ep=2 failed");
-  CHECK(run("--steps 6 --set ep=2 --set dp=2", "ep2dp2") == 0, "ep=2 dp=2 failed");
+  if (parallel_test_begin(dir)) return 1;
+  CHECK(run_cpu("--steps 6", "dp1") == 0, "one rank failed");
+  CHECK(run_cpu("--steps 6 --set dp=2", "dp2") == 0, "dp=2 failed");
+  CHECK(run_cpu("--steps 6 --set dp=4", "dp4") == 0, "dp=4 failed");
+  CHECK(run_cpu("--steps 6 --set ep=2", "ep2") == 0, "ep=2 failed");
+  CHECK(run_cpu("--steps 6 --set ep=2 --set dp=2", "ep2dp2") == 0, "ep=2 dp=2 failed");
   same_as_one_rank("dp2", 6);
   same_as_one_rank("dp4", 6);
   same_as_one_rank("ep2", 6);
   same_as_one_rank("ep2dp2", 6);
   /* a DP checkpoint is the full model: stop dp=2 at step 3, resume at dp=1 and at dp=4 */
-  CHECK(run("--steps 6 --set dp=2 --stop-at 3", "rs1") == 0, "dp=2 --stop-at 3 failed");
+  CHECK(run_cpu("--steps 6 --set dp=2 --stop-at 3", "rs1") == 0, "dp=2 --stop-at 3 failed");
   char cmd[1024];
   snprintf(cmd, sizeof cmd, "cp -r %s/rs1 %s/rs4 && cp %s/rs1.jsonl %s/rs4.jsonl", tmp, tmp, tmp, tmp);
   CHECK(system(cmd) == 0, "copy");
-  CHECK(run("--steps 6 --resume", "rs1") == 0, "resume at dp=1 failed");
-  CHECK(run("--steps 6 --set dp=4 --resume", "rs4") == 0, "resume at dp=4 failed");
+  CHECK(run_cpu("--steps 6 --resume", "rs1") == 0, "resume at dp=1 failed");
+  CHECK(run_cpu("--steps 6 --set dp=4 --resume", "rs4") == 0, "resume at dp=4 failed");
   same_as_one_rank("rs1", 6);
   same_as_one_rank("rs4", 6);
   /* an EP checkpoint is the full model too (gathered to rank 0): ep=2 -> ep=1, ep=1 -> ep=2 x dp=2 */
-  CHECK(run("--steps 6 --set ep=2 --stop-at 3", "re1") == 0, "ep=2 --stop-at 3 failed");
-  CHECK(run("--steps 6 --resume", "re1") == 0, "resume at ep=1 failed");
-  CHECK(run("--steps 6 --stop-at 3", "re2") == 0, "ep=1 --stop-at 3 failed");
-  CHECK(run("--steps 6 --set ep=2 --set dp=2 --resume", "re2") == 0, "resume at ep=2 dp=2 failed");
+  CHECK(run_cpu("--steps 6 --set ep=2 --stop-at 3", "re1") == 0, "ep=2 --stop-at 3 failed");
+  CHECK(run_cpu("--steps 6 --resume", "re1") == 0, "resume at ep=1 failed");
+  CHECK(run_cpu("--steps 6 --stop-at 3", "re2") == 0, "ep=1 --stop-at 3 failed");
+  CHECK(run_cpu("--steps 6 --set ep=2 --set dp=2 --resume", "re2") == 0, "resume at ep=2 dp=2 failed");
   same_as_one_rank("re1", 6);
   same_as_one_rank("re2", 6);
   /* each EP rank writes its own part: ep=2's checkpoint is two parts, and it resumes at ep=4 */
   check_sharded("ep2", 6, 2);
   check_sharded("re2", 6, 2);
-  CHECK(run("--steps 6 --set ep=2 --stop-at 3", "re4") == 0, "ep=2 --stop-at 3 failed");
-  CHECK(run("--steps 6 --set ep=4 --resume", "re4") == 0, "resume at ep=4 failed");
+  CHECK(run_cpu("--steps 6 --set ep=2 --stop-at 3", "re4") == 0, "ep=2 --stop-at 3 failed");
+  CHECK(run_cpu("--steps 6 --set ep=4 --resume", "re4") == 0, "resume at ep=4 failed");
   check_sharded("re4", 6, 4);
   same_as_one_rank("re4", 6);
   /* bf16 and mxfp8: each expert's compute copy (a cast of its param) goes with the param to the
@@ -93,9 +76,9 @@ int main(void) {
     snprintf(one, sizeof one, "%s1", prec);
     snprintf(two, sizeof two, "%s2", prec);
     snprintf(args, sizeof args, "--steps 4 --set precision=%s %s", prec, sizes);
-    CHECK(run(args, one) == 0, "%s, one rank failed", prec);
+    CHECK(run_cpu(args, one) == 0, "%s, one rank failed", prec);
     snprintf(args, sizeof args, "--steps 4 --set precision=%s %s --set ep=2", prec, sizes);
-    CHECK(run(args, two) == 0, "%s, ep=2 failed", prec);
+    CHECK(run_cpu(args, two) == 0, "%s, ep=2 failed", prec);
     double a[64], b[64];
     int na = read_log(one, a, 64), nb = read_log(two, b, 64);
     double worst = 0;
@@ -104,10 +87,10 @@ int main(void) {
     CHECK(na == 12 && nb == na && worst <= 1e-3, "%s ep=2: %d/%d logged values, %.2e from one rank", prec, na, nb, worst);
   }
   /* batch must split evenly; ep > 1 over the naive experts is refused with a message */
-  CHECK(run("--steps 1 --set dp=3", "bad") != 0, "dp=3 with batch 4 ran");
+  CHECK(run_cpu("--steps 1 --set dp=3", "bad") != 0, "dp=3 with batch 4 ran");
   snprintf(cmd, sizeof cmd, "grep -q 'not a multiple of ep x dp' %s/bad.err", tmp);
   CHECK(system(cmd) == 0, "dp=3 message");
-  CHECK(run("--steps 1 --set ep=2 --disable-pass grouped-mlp", "ep") != 0, "ep=2 with unfused experts ran");
+  CHECK(run_cpu("--steps 1 --set ep=2 --disable-pass grouped-mlp", "ep") != 0, "ep=2 with unfused experts ran");
   snprintf(cmd, sizeof cmd, "grep -q 'needs the fused experts' %s/ep.err", tmp);
   CHECK(system(cmd) == 0, "ep=2 unfused message");
   snprintf(cmd, sizeof cmd, "rm -rf %s", tmp);

@@ -15,18 +15,6 @@
 #include "check.h"
 #include "parallel_test.h"
 
-#define SIZES "--set hidden=32 --set ffn=48 --set seq=64 --set batch=4 --set heads=4 --set kv_heads=2 --set val_every=0 "
-#define SMALL SIZES "--val-batches 1 --device cpu"
-
-static const char *moec;
-
-static int run(const char *args, const char *tag) {
-  char cmd[2048];
-  snprintf(cmd, sizeof cmd, "%s train models/tiny.moe " SMALL " %s --log %s/%s.jsonl --ckpt-dir %s/%s 2>%s/%s.err", moec,
-           args, tmp, tag, tmp, tag, tmp, tag);
-  return system(cmd);
-}
-
 /* Runs a and b wrote the same checkpoint files at step `steps`, byte for byte. */
 static void same_bytes(const char *a, const char *b, int steps) {
   const char *files[] = {"model.safetensors", "optimizer.safetensors"};
@@ -65,8 +53,8 @@ typedef struct {
 
 static dump_counts dump(const char *zero) {
   char cmd[2048], line[4096];
-  snprintf(cmd, sizeof cmd, "%s dump models/tiny.moe " SIZES " --train --set dp=2 --set zero=%s > %s/dump.txt 2>&1", moec,
-           zero, tmp);
+  snprintf(cmd, sizeof cmd, "%s dump models/tiny.moe " PARALLEL_TEST_SMALL " --train --set dp=2 --set zero=%s > %s/dump.txt 2>&1",
+           moec, zero, tmp);
   CHECK(system(cmd) == 0, "dump with zero=%s failed", zero);
   snprintf(cmd, sizeof cmd, "%s/dump.txt", tmp);
   FILE *f = fopen(cmd, "r");
@@ -97,43 +85,39 @@ static void check_dump(void) {
 }
 
 int main(void) {
-  moec = getenv("MOEC");
-  if (!moec) {
-    fprintf(stderr, "set MOEC to the moec binary\n");
-    return 1;
-  }
   char dir[] = "/tmp/moec-zero-XXXXXX";
-  if (!(tmp = mkdtemp(dir))) return 1;
+  if (parallel_test_begin(dir)) return 1;
   check_dump();
-  CHECK(run("--steps 6", "one") == 0, "one rank failed");
-  CHECK(run("--steps 6 --set dp=2", "dp2") == 0, "dp=2 failed");
-  CHECK(run("--steps 6 --set dp=2 --set zero=true", "dp2z") == 0, "dp=2 zero failed");
+  CHECK(run_cpu("--steps 6", "one") == 0, "one rank failed");
+  CHECK(run_cpu("--steps 6 --set dp=2", "dp2") == 0, "dp=2 failed");
+  CHECK(run_cpu("--steps 6 --set dp=2 --set zero=true", "dp2z") == 0, "dp=2 zero failed");
   same_bytes("dp2", "dp2z", 6);
   /* the moments each rank holds: half of the whole at dp=2 (shards round up: within 1%) */
   double held = bytes_after("dp2z", "holds "), whole = bytes_after("dp2z", "moments (");
   printf("dp=2 zero: rank 0 holds %.0f of %.0f bytes of moments\n", held, whole);
   CHECK(whole > 0 && fabs(held / whole - 0.5) < 0.01, "dp=2 zero: rank 0 holds %.0f of %.0f bytes", held, whole);
-  CHECK(run("--steps 6 --set dp=4 --set zero=true", "dp4z") == 0, "dp=4 zero failed");
-  CHECK(run("--steps 6 --set ep=2 --set dp=2 --set zero=true", "ep2dp2z") == 0, "ep=2 dp=2 zero failed");
-  CHECK(run("--steps 6 --set ep=2 --set zero=true", "ep2z") == 0, "ep=2 zero failed");
+  CHECK(run_cpu("--steps 6 --set dp=4 --set zero=true", "dp4z") == 0, "dp=4 zero failed");
+  CHECK(run_cpu("--steps 6 --set ep=2 --set dp=2 --set zero=true", "ep2dp2z") == 0, "ep=2 dp=2 zero failed");
+  CHECK(run_cpu("--steps 6 --set ep=2 --set zero=true", "ep2z") == 0, "ep=2 zero failed");
   same_as("one", "dp4z", 6);
   same_as("one", "ep2dp2z", 6);
   same_as("one", "ep2z", 6);
   /* bf16 moments: rounded after each shard's update, as whole ones are */
-  CHECK(run("--steps 4 --set dp=2 --set moments=bf16", "bf") == 0, "dp=2 bf16 moments failed");
-  CHECK(run("--steps 4 --set dp=2 --set moments=bf16 --set zero=true", "bfz") == 0, "dp=2 bf16 moments zero failed");
+  CHECK(run_cpu("--steps 4 --set dp=2 --set moments=bf16", "bf") == 0, "dp=2 bf16 moments failed");
+  CHECK(run_cpu("--steps 4 --set dp=2 --set moments=bf16 --set zero=true", "bfz") == 0, "dp=2 bf16 moments zero failed");
   same_bytes("bf", "bfz", 4);
   /* checkpoints hold whole moments: zero -> one rank, and one rank -> ep=2 x dp=2 with zero */
-  CHECK(run("--steps 6 --set dp=2 --set zero=true --stop-at 3", "rz1") == 0, "dp=2 zero --stop-at 3 failed");
-  CHECK(run("--steps 6 --resume", "rz1") == 0, "resume at one rank failed");
+  CHECK(run_cpu("--steps 6 --set dp=2 --set zero=true --stop-at 3", "rz1") == 0, "dp=2 zero --stop-at 3 failed");
+  CHECK(run_cpu("--steps 6 --resume", "rz1") == 0, "resume at one rank failed");
   same_as("one", "rz1", 6);
-  CHECK(run("--steps 6 --stop-at 3", "rz2") == 0, "one rank --stop-at 3 failed");
-  CHECK(run("--steps 6 --set ep=2 --set dp=2 --set zero=true --resume", "rz2") == 0, "resume at ep=2 dp=2 zero failed");
+  CHECK(run_cpu("--steps 6 --stop-at 3", "rz2") == 0, "one rank --stop-at 3 failed");
+  CHECK(run_cpu("--steps 6 --set ep=2 --set dp=2 --set zero=true --resume", "rz2") == 0, "resume at ep=2 dp=2 zero failed");
   same_as("one", "rz2", 6);
   /* the GPU executor refuses zero with a message (before it needs a GPU: the message or no GPU) */
   char cmd[1024];
-  snprintf(cmd, sizeof cmd, "%s train models/tiny.moe " SIZES " --steps 1 --set dp=2 --set zero=true --device cuda "
-           "2>%s/gpu.err >/dev/null", moec, tmp);
+  snprintf(cmd, sizeof cmd,
+           "%s train models/tiny.moe " PARALLEL_TEST_SMALL " --steps 1 --set dp=2 --set zero=true --device cuda 2>%s/gpu.err >/dev/null",
+           moec, tmp);
   CHECK(system(cmd) != 0, "zero on --device cuda ran");
   snprintf(cmd, sizeof cmd, "grep -q 'ZeRO-1 (parallel = { zero = true }) runs on the CPU only\\|no GPU\\|driver' %s/gpu.err", tmp);
   CHECK(system(cmd) == 0, "zero on --device cuda: no message");
