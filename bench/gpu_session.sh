@@ -72,6 +72,14 @@
 #   ncustepmx  the same with mxfp8(block=128)                                                  [200 s]
 #   ncukern  ncu's speed-of-light, memory, occupancy, warp-stall and source sections for
 #            mlp_bwd_split and quantize_act in bench_grouped_gemm (genos and og2 shapes)          [120 s]
+# several GPUs (issue 8; each rank a GPU of its own, NCCL; per-GPU batch 1 at seq 8192, so
+# tokens/s per GPU compares with one GPU directly)
+#   scale2   og2_8x1b bf16 and mxfp8(block=128): one GPU, then ep=2 and dp=2 as threads over
+#            NCCL; tokens/s per GPU, step ms, peak memory (needs 2 GPUs)               [420 s]
+#   scale8   og2_8x7b mxfp8(block=128) at ep=8, ep=4 x dp=2, ep=2 x dp=4 (needs 8 GPUs) [540 s]
+#   killrank og2_8x1b at dp=2 as two processes (moec launch, NCCL); rank 1 killed (SIGKILL)
+#            after its third step: rank 0 must stop with a message naming it, within
+#            MOEC_COMM_TIMEOUT (30 s here), and moec launch exit non-zero (needs 2 GPUs) [120 s]
 # training
 #   chr20    l0_sanity on human chr20, STEPS20 (2000) steps: bf16 (naive and fused pipelines)
 #            and mxfp8(block=128), side by side on the GPU; final validation losses [300 s]
@@ -110,6 +118,22 @@ ncu_sections() {
   echo "ncu rc $?"
   grep -E "^  moec_|Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Theoretical Occupancy|Registers Per|Warp Cycles Per Issued|Block Limit Reg|Stall|stall|Local" \
     "$L/$part.txt" | head -120
+}
+# One multi-GPU training run and its line: scale_run TAG MODEL PRECISION EP DP (batch = EP x DP:
+# one sequence a GPU); tokens/s per GPU = the logged global tokens/s (steps 4..) / (EP x DP).
+scale_run() {
+  local tag=$1 model=$2 prec=$3 ep=$4 dp=$5 w=$(($4 * $5)) args=()
+  [ "${prec%%(*}" = mxfp8 ] && args=("$FUSED_MX")
+  MOEC_COMM_TIMEOUT=120 timeout 200 "$C/moec" train "models/$model.moe" --device cuda --set "precision=$prec" \
+    --set ep="$ep" --set dp="$dp" --set batch="$w" --steps "${STEPS:-8}" --set val_every=0 --val-batches 1 \
+    --data data/chr20_slice.fa.gz --log "$L/$tag.jsonl" "${args[@]}" >"$L/$tag.out" 2>&1
+  local rc=$? tps
+  tps=$(grep '"step"' "$L/$tag.jsonl" 2>/dev/null | awk -F'"tokens_per_s":' 'NR > 3 {split($2, a, "}"); s += a[1]; n++}
+    END {if (n) printf "%.0f", s / n}')
+  printf '%-14s ep=%s dp=%s rc %s: %s tok/s per GPU (%s tok/s in all), %s; %s\n' "$tag" "$ep" "$dp" "$rc" \
+    "$([ -n "$tps" ] && echo $((tps / w)) || echo '?')" "${tps:-?}" \
+    "$(tr '\r' '\n' <"$L/$tag.out" | grep -o 'peak GPU memory: [0-9.]* [GMK]iB' | tail -1)" \
+    "$(tr '\r' '\n' <"$L/$tag.out" | grep -m1 -o 'collectives between the ranks.*\|error.*' | head -1)"
 }
 parts=("$@")
 [ ${#parts[@]} -gt 0 ] || parts=(kernels step genos)
@@ -261,6 +285,30 @@ for part in "${parts[@]}"; do
       echo "-- variant $v"
       MOEC_WGMMA_VARIANT=$v BENCH=$C/bench_grouped_gemm timeout 120 bash bench/grouped_gemm.sh 20 "$L/ggemm$v"
     done ;;
+  scale2)
+    for p in bf16 'mxfp8(block=128)'; do
+      t=${p%%(*}
+      scale_run "og2_${t}_1" og2_8x1b "$p" 1 1
+      scale_run "og2_${t}_ep2" og2_8x1b "$p" 2 1
+      scale_run "og2_${t}_dp2" og2_8x1b "$p" 1 2
+    done ;;
+  scale8)
+    for c in 8:1 4:2 2:4; do scale_run "og2x7_ep${c%:*}dp${c#*:}" og2_8x7b 'mxfp8(block=128)' "${c%:*}" "${c#*:}"; done ;;
+  killrank)
+    t0=$(date +%s)
+    MOEC_COMM_TIMEOUT=30 timeout 110 "$C/moec" launch -n 2 "$C/moec" train models/og2_8x1b.moe --device cuda --set dp=2 \
+      --set batch=2 --steps 40 --set val_every=0 --val-batches 1 --data data/chr20_slice.fa.gz --log "$L/kill.jsonl" \
+      >"$L/killrank.out" 2>&1 &
+    lp=$!
+    for _ in $(seq 100); do n=$(grep -c '"step"' "$L/kill.jsonl" 2>/dev/null); [ "${n:-0}" -ge 3 ] && break; sleep 1; done
+    victim=$(pgrep -f "moec train models/og2_8x1b.moe" | while read -r p; do
+      tr '\0' '\n' </proc/$p/environ 2>/dev/null | grep -qx RANK=1 && echo "$p"; done | head -1)
+    tk=$(date +%s)
+    [ -n "$victim" ] && kill -9 "$victim"
+    wait $lp; rc=$?
+    echo "killed rank 1 (pid ${victim:-none}) after $(grep -c '"step"' "$L/kill.jsonl") steps; moec launch rc $rc," \
+      "$(($(date +%s) - tk)) s after the kill ($(($(date +%s) - t0)) s in all)"
+    grep -i "error\|lost\|timed out\|stopped" "$L/killrank.out" | head -6 ;;
   chr20)
     D=$C/chr20.fa.gz
     [ -f "$D" ] || D=data/chr20.fa.gz
@@ -314,7 +362,7 @@ for part in "${parts[@]}"; do
       if [ -s "$a" ] && cmp -s <(strip "$a") <(strip "$b"); then echo "$pair: identical logs ($(wc -l <"$a") lines)"
       else echo "$pair: logs differ: $(diff <(strip "$a") <(strip "$b") | head -2 | tr '\n' ' ')"; fi
     done ;;
-  *) echo "unknown part '$part' (kernels step steptiny parallel cudnn attn stack genos awoff profile fused fp8 fp8prof fusedprof og2 og2fp8 og2fused ggemm chr20 determinism long)" ;;
+  *) echo "unknown part '$part' (kernels step steptiny parallel scale2 scale8 killrank cudnn attn stack genos awoff profile fused fp8 fp8prof fusedprof og2 og2fp8 og2fused ggemm chr20 determinism long)" ;;
   esac
 done
 echo "== done ($(date -u +%H:%M:%S))"
