@@ -230,3 +230,42 @@ int gpu_comm_all_to_all_v(gpu_comm *c, comm_group grp, gpu_ptr send, const size_
   }
   return 0;
 }
+
+int gpu_comm_reduce_scatter_sum(gpu_comm *c, comm_group grp, gpu_ptr send, gpu_ptr recv, int64_t chunk, char *err,
+                                size_t errlen) {
+  comm *h = gpu_comm_host_group(c, grp);
+  if (!h) return errf(err, errlen, "no %s group for world rank %d", comm_group_name(grp), c->rank);
+  const int P = comm_size(h);
+  const size_t bytes = (size_t)chunk * 4;
+  if (P == 1 || chunk == 0)
+    return bytes && gpu_copy(c->g, recv, send, bytes) ? gpu_fail(c, err, errlen) : 0;
+  if (c->kind == GPU_COMM_NCCL)
+    return comm_stream_after_compute(c, err, errlen) ||
+                   gpu_nccl_reduce_scatter_sum(c->nc[grp], c->stream, send, recv, chunk, err, errlen) ||
+                   compute_after_comm(c, c->done, 0, err, errlen)
+               ? -1
+               : 0;
+  float *host = staging(c, (size_t)(P + 1) * bytes, err, errlen); /* every rank's P x chunk, then my chunk */
+  if (!host) return -1;
+  if (gpu_download(c->g, host, send, (size_t)P * bytes) != 0) return gpu_fail(c, err, errlen);
+  if (comm_reduce_scatter_sum(h, host, (int64_t)P * chunk, host + (size_t)P * (size_t)chunk, err, errlen) != 0) return -1;
+  return gpu_upload(c->g, recv, host + (size_t)P * (size_t)chunk, bytes) != 0 ? gpu_fail(c, err, errlen) : 0;
+}
+
+int gpu_comm_all_gather(gpu_comm *c, comm_group grp, gpu_ptr send, gpu_ptr recv, size_t bytes, char *err, size_t errlen) {
+  comm *h = gpu_comm_host_group(c, grp);
+  if (!h) return errf(err, errlen, "no %s group for world rank %d", comm_group_name(grp), c->rank);
+  const int P = comm_size(h);
+  if (P == 1 || bytes == 0) return bytes && gpu_copy(c->g, recv, send, bytes) ? gpu_fail(c, err, errlen) : 0;
+  if (c->kind == GPU_COMM_NCCL)
+    return comm_stream_after_compute(c, err, errlen) ||
+                   gpu_nccl_all_gather(c->nc[grp], c->stream, send, recv, bytes, err, errlen) ||
+                   compute_after_comm(c, c->done, 0, err, errlen)
+               ? -1
+               : 0;
+  char *host = staging(c, (size_t)(P + 1) * bytes, err, errlen); /* mine, then every rank's */
+  if (!host) return -1;
+  if (gpu_download(c->g, host, send, bytes) != 0) return gpu_fail(c, err, errlen);
+  if (comm_all_gather(h, host, bytes, host + bytes, err, errlen) != 0) return -1;
+  return gpu_upload(c->g, recv, host + bytes, (size_t)P * bytes) != 0 ? gpu_fail(c, err, errlen) : 0;
+}

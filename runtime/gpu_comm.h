@@ -70,5 +70,12 @@ int gpu_comm_all_reduce_sum_async(gpu_comm *c, comm_group grp, gpu_ptr buf, int6
  * caller exchanged the counts first). Self included. */
 int gpu_comm_all_to_all_v(gpu_comm *c, comm_group grp, gpu_ptr send, const size_t *send_off, const size_t *send_bytes,
                           gpu_ptr recv, const size_t *recv_off, const size_t *recv_bytes, char *err, size_t errlen);
+/* ZeRO-1 over group grp (P ranks): recv (chunk f32) <- this rank's chunk of the sum of every
+ * rank's send (P x chunk f32; the caller pads past the tensor with zeros). Host-staged: comm.h's
+ * rank-order sum (the all-reduce's bits); NCCL: ncclReduceScatter. g's stream sees the result. */
+int gpu_comm_reduce_scatter_sum(gpu_comm *c, comm_group grp, gpu_ptr send, gpu_ptr recv, int64_t chunk, char *err,
+                                size_t errlen);
+/* recv (P x bytes) <- every rank's send (bytes), in group rank order. */
+int gpu_comm_all_gather(gpu_comm *c, comm_group grp, gpu_ptr send, gpu_ptr recv, size_t bytes, char *err, size_t errlen);
 
 #endif

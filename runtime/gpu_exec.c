@@ -59,7 +59,8 @@ gpu_runtime *gpu_runtime_new_on(rt_params *ps, int ordinal, const char *dump_dir
   rt->dp = calloc((size_t)ps->n + 1, sizeof *rt->dp);
   if (!rt->dp) goto fail;
   for (int i = 0; i < ps->n; i++) {
-    size_t bytes = (size_t)ps->p[i].numel * 4, mb = (size_t)ps->p[i].numel * (ps->moments_bf16 ? 2 : 4);
+    /* moments: this rank's ZeRO shard (mn values) or the whole */
+    size_t bytes = (size_t)ps->p[i].numel * 4, mb = (size_t)(ps->p[i].mn ? ps->p[i].mn : 1) * (ps->moments_bf16 ? 2 : 4);
     if (gpu_alloc(rt->g, &rt->dp[i].w, bytes, "the weights") || gpu_alloc(rt->g, &rt->dp[i].m, mb, "the AdamW moments") ||
         gpu_alloc(rt->g, &rt->dp[i].v, mb, "the AdamW moments")) {
       snprintf(err, errlen, "%s", gpu_error(rt->g));
@@ -124,8 +125,8 @@ static int params_move(gpu_runtime *rt, rt_params *ps, int up, char *err, size_t
     rt_param *p = &ps->p[i];
     const size_t bytes = (size_t)p->numel * 4;
     int rc = up ? gpu_upload(rt->g, rt->dp[i].w, p->w, bytes) : gpu_download(rt->g, p->w, rt->dp[i].w, bytes);
-    if (rc == 0) rc = moment_move(rt, up, rt->dp[i].m, p->m, p->numel);
-    if (rc == 0) rc = moment_move(rt, up, rt->dp[i].v, p->v, p->numel);
+    if (rc == 0) rc = moment_move(rt, up, rt->dp[i].m, p->m, p->mn);
+    if (rc == 0) rc = moment_move(rt, up, rt->dp[i].v, p->v, p->mn);
     if (rc) {
       snprintf(err, errlen, "%s", rc == -2 ? "out of host memory for the bf16 moments" : gpu_error(rt->g));
       return -1;
@@ -397,15 +398,74 @@ static int need_comm(gx *x, int id) {
   return x->comm ? 0 : fail(x, id, "a collective, but this executor has no communicator (run it through moec train)");
 }
 
+/* ---- ZeRO-1 (passes/sync.c): a tensor of n values in P shards of chunk = ceil(n / P) ---- */
+/* The group of ZeRO op id and its size; -1 after fail(). */
+static int zero_group(gx *x, int id, comm_group *grp, int *P, int *me) {
+  if (need_comm(x, id)) return -1;
+  *grp = comm_group_named(ir_get_str(N(id), "group", "world"));
+  comm *h = gpu_comm_host_group(x->comm, *grp);
+  if (!h) return fail(x, id, "no %s group", comm_group_name(*grp));
+  *P = comm_size(h), *me = comm_rank(h);
+  return 0;
+}
+
+/* out (chunk) <- this rank's shard of the summed gradient; the gradient padded to P x chunk
+ * first (ncclReduceScatter's equal shares). */
+static int exec_REDUCE_SCATTER(gx *x, int id) {
+  const dev_value *a = V(id, 0);
+  comm_group grp;
+  int P, me;
+  if (zero_group(x, id, &grp, &P, &me)) return -1;
+  const int64_t chunk = N(id)->type.dims[0];
+  if (ir_shard_len(a->numel, P) != chunk)
+    return fail(x, id, "%lld values in shards of %lld, but the group has %d ranks", (long long)a->numel, (long long)chunk, P);
+  gpu_ptr pad = 0;
+  const size_t bytes = (size_t)P * (size_t)chunk * 4;
+  if (alloc_out(x, id, chunk, 0) || pool_get(x->rt, bytes ? bytes : 4, &pad) != 0)
+    return pad ? -1 : fail(x, id, "%s", gpu_error(x->rt->g));
+  char m[1024];
+  int rc = (a->numel && gpu_copy(x->rt->g, pad, a->p, (size_t)a->numel * 4)) ||
+                   (bytes > (size_t)a->numel * 4 &&
+                    gpu_memset8(x->rt->g, pad + (gpu_ptr)((size_t)a->numel * 4), 0, bytes - (size_t)a->numel * 4))
+               ? fail(x, id, "%s", gpu_error(x->rt->g))
+               : 0;
+  if (rc == 0 && gpu_comm_reduce_scatter_sum(x->comm, grp, pad, x->val[id].p, chunk, m, sizeof m)) rc = fail(x, id, "%s", m);
+  pool_put(x->rt, pad); /* the stream waited for the collective: later work on it is ordered after */
+  return rc;
+}
+
+/* In place: every rank's updated shard of the parameter into every replica; its bf16 copy is
+ * stale then (the sharded adamw wrote none), and the next reader casts it (fresh_copy). */
+static int exec_ALL_GATHER(gx *x, int id) {
+  const int a = N(id)->in[0], i = x->param_index[N(a)->in[0]];
+  dev_param *p = &x->rt->dp[i];
+  const int64_t n = x->rt->ps->p[i].numel;
+  comm_group grp;
+  int P, me;
+  if (zero_group(x, id, &grp, &P, &me)) return -1;
+  const int64_t chunk = ir_shard_len(n, P), lo = (int64_t)me * chunk, mine = n - lo < chunk ? (n > lo ? n - lo : 0) : chunk;
+  gpu_ptr send = 0, recv = 0;
+  char m[1024];
+  int rc = pool_get(x->rt, (size_t)chunk * 4 + 4, &send) || pool_get(x->rt, (size_t)P * (size_t)chunk * 4 + 4, &recv)
+               ? fail(x, id, "%s", gpu_error(x->rt->g))
+               : 0;
+  if (rc == 0 && ((mine < chunk && gpu_memset8(x->rt->g, send, 0, (size_t)chunk * 4)) ||
+                  (mine && gpu_copy(x->rt->g, send, p->w + (gpu_ptr)((size_t)lo * 4), (size_t)mine * 4))))
+    rc = fail(x, id, "%s", gpu_error(x->rt->g));
+  if (rc == 0 && gpu_comm_all_gather(x->comm, grp, send, recv, (size_t)chunk * 4, m, sizeof m)) rc = fail(x, id, "%s", m);
+  if (rc == 0 && n && gpu_copy(x->rt->g, p->w, recv, (size_t)n * 4)) rc = fail(x, id, "%s", gpu_error(x->rt->g));
+  if (send) pool_put(x->rt, send);
+  if (recv) pool_put(x->rt, recv);
+  p->wb_fresh = 0;
+  x->val[id] = x->val[a];
+  return rc;
+}
+
 static int exec_LABEL_COUNT(gx *x, int id) {
   const dev_value *lab = V(id, 0);
   if (alloc_out(x, id, 1, 0)) return -1;
   return ck(x, id, rt_cuda_label_count(KX, lab->p, x->val[id].p, lab->rows));
 }
-
-/* ZeRO-1 is the CPU executor's so far (gpu_exec_new refuses such graphs up front). */
-static int exec_REDUCE_SCATTER(gx *x, int id) { return fail(x, id, "ZeRO-1 runs on the CPU executor only so far"); }
-static int exec_ALL_GATHER(gx *x, int id) { return fail(x, id, "ZeRO-1 runs on the CPU executor only so far"); }
 
 static int exec_ALL_REDUCE(gx *x, int id) {
   const dev_value *a = V(id, 0);
@@ -776,6 +836,24 @@ static int grad_norm_ep(gx *x, int id, const gpu_ptr *bufs, const cg_dtype *dts,
   return rc;
 }
 
+/* ZeRO: the shards' norm d here; every rank's d^2, summed in world rank order on the host, is
+ * the whole gradient's. */
+static int grad_norm_shards(gx *x, int id) {
+  float d = 0;
+  char m[1024];
+  if (need_comm(x, id)) return -1;
+  if (gpu_download(x->rt->g, &d, x->val[id].p, 4)) return fail(x, id, "%s", gpu_error(x->rt->g));
+  comm *w = gpu_comm_host_group(x->comm, COMM_WORLD);
+  double mine = (double)d * d, *all = malloc((size_t)comm_size(w) * sizeof *all), s = 0;
+  if (!all) return fail(x, id, "out of host memory");
+  int rc = comm_all_gather(w, &mine, sizeof mine, all, m, sizeof m) ? fail(x, id, "%s", m) : 0;
+  for (int j = 0; rc == 0 && j < comm_size(w); j++) s += all[j];
+  free(all);
+  float gn = (float)sqrt(s);
+  if (rc == 0 && gpu_upload(x->rt->g, x->val[id].p, &gn, 4)) rc = fail(x, id, "%s", gpu_error(x->rt->g));
+  return rc;
+}
+
 static int exec_GRAD_NORM(gx *x, int id) {
   int n = N(id)->n_in;
   gpu_ptr *bufs = malloc((size_t)n * sizeof *bufs);
@@ -794,6 +872,7 @@ static int exec_GRAD_NORM(gx *x, int id) {
   int k = (int)ir_get_int(N(id), "expert_from", n);
   if (rc == 0 && k < n) rc = grad_norm_ep(x, id, bufs, dts, sizes, n, k);
   else if (rc == 0) rc = ck(x, id, rt_cuda_grad_norm_win(KX, bufs, dts, sizes, cols, ld, n, x->val[id].p));
+  if (rc == 0 && ir_get_int(N(id), "sharded", 0)) rc = grad_norm_shards(x, id);
   if (rc == 0) x->gnorm = x->val[id].p;
   free(bufs);
   free(sizes);
@@ -815,6 +894,21 @@ static rt_cuda_adamw_tensor adamw_entry(gx *x, int a) {
                                  p->wb_ld ? p->wb_ld : n}};
 }
 
+/* ZeRO-1's adamw: this rank's shard [mlo, mlo + mn) of the weight, its moments (of that shard
+ * only), no bf16 copy (the all_gather after it makes the copy stale). */
+static int adamw_shard(gx *x, int id, rt_cuda_adamw_hp *hp) {
+  const int i = x->param_index[N(id)->in[0]];
+  dev_param *p = &x->rt->dp[i];
+  const rt_param *hostp = &x->rt->ps->p[i];
+  x->val[id] = (dev_value){.p = p->w, .rows = N(id)->type.dims[0], .numel = hostp->numel};
+  if (hostp->zero_group < 0) return fail(x, id, "%s: the graph shards the update, but the moments are whole", hostp->name);
+  if (DT(x, N(id)->in[1]) != CG_DT_F32) return fail(x, id, "a ZeRO shard of the gradient must be f32");
+  hp->wd = ir_get_float(N(id), "weight_decay", 0);
+  if (hostp->mn == 0) return 0; /* a tensor smaller than the group: nothing here */
+  return ck(x, id, rt_cuda_adamw_step(KX, p->w + (gpu_ptr)((size_t)hostp->mlo * 4), CG_DT_F32, V(id, 1)->p, p->m, p->v, 0,
+                                      hostp->mn, V(id, 2)->p, hp));
+}
+
 /* The run of AdamW nodes from id with id's gradient storage and norm (they stand together at
  * the step's end) goes in one rt_cuda_adamw_multi; the run's later nodes then find it done. */
 static int exec_ADAMW(gx *x, int id) {
@@ -822,6 +916,7 @@ static int exec_ADAMW(gx *x, int id) {
   const moec_config *c = &x->g->cfg;
   rt_cuda_adamw_hp hp = {ck_lr_at(x->step, c->steps, c->warmup, c->lr, c->min_lr, c->schedule), c->beta1, c->beta2,
                          c->adam_eps, 0, x->step, c->clip, x->rt->ps->moments_bf16 /* as they are stored */};
+  if (ir_get_str(N(id), "zero", NULL)) return adamw_shard(x, id, &hp);
   const cg_dtype gt = DT(x, N(id)->in[1]);
   int end = id + 1;
   while (!x->adamw_single && end < x->g->n_nodes && N(end)->op == OP_ADAMW && DT(x, N(end)->in[1]) == gt &&
@@ -873,12 +968,6 @@ gpu_exec *gpu_exec_new(gpu_runtime *rt, const ir_graph *g, char *err, size_t err
   }
   for (int id = 0; id < g->n_nodes; id++) {
     const ir_node *nd = &g->nodes[id];
-    if (nd->op == OP_REDUCE_SCATTER || nd->op == OP_ALL_GATHER) {
-      snprintf(err, errlen, "ZeRO-1 (parallel = { zero = true }) runs on the CPU only so far: drop zero for --device cuda, "
-                            "or train with --device cpu (docs/parallel.md)");
-      gpu_exec_free(x);
-      return NULL;
-    }
     x->param_index[id] = -1;
     x->last_use[id] = id;
     for (int j = 0; j < nd->n_in; j++) x->last_use[nd->in[j]] = id;

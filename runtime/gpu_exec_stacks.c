@@ -90,7 +90,8 @@ static int squares_ok(gx *x, int id) {
   const char *env = getenv("MOEC_SQUARES");
   const ir_node *st = N(id);
   const int64_t E = st->type.dims[0];
-  if ((env && strcmp(env, "0") == 0) || st->type.dims[1] % 128 || st->n_in % E)
+  /* ZeRO-1's adamw updates shards and writes no squares (the all_gather makes copies stale) */
+  if ((env && strcmp(env, "0") == 0) || st->type.dims[1] % 128 || st->n_in % E || (x->g->cfg.zero && x->g->cfg.ep * x->g->cfg.dp > 1))
     return 0;
   for (int j = 0; j < st->n_in; j += (int)E)
     if (COLS(st->in[j]) % 128) return 0;

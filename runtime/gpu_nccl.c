@@ -29,6 +29,8 @@ static struct {
   nccl_result (*Recv)(void *recv, size_t count, int dtype, int peer, void *comm, void *stream);
   nccl_result (*GroupStart)(void);
   nccl_result (*GroupEnd)(void);
+  nccl_result (*ReduceScatter)(const void *send, void *recv, size_t recvcount, int dtype, int op, void *comm, void *stream);
+  nccl_result (*AllGather)(const void *send, void *recv, size_t sendcount, int dtype, void *comm, void *stream);
 } api;
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 static int loaded, version;
@@ -53,7 +55,8 @@ static void load(void) {
       {(void **)&api.CommGetAsyncError, "ncclCommGetAsyncError"},
       {(void **)&api.AllReduce, "ncclAllReduce"},       {(void **)&api.Send, "ncclSend"},
       {(void **)&api.Recv, "ncclRecv"},                 {(void **)&api.GroupStart, "ncclGroupStart"},
-      {(void **)&api.GroupEnd, "ncclGroupEnd"},
+      {(void **)&api.GroupEnd, "ncclGroupEnd"},         {(void **)&api.ReduceScatter, "ncclReduceScatter"},
+      {(void **)&api.AllGather, "ncclAllGather"},
   };
   for (size_t i = 0; i < sizeof syms / sizeof syms[0]; i++)
     if (!(*syms[i].slot = dlsym(h, syms[i].sym))) {
@@ -235,6 +238,26 @@ int gpu_nccl_all_to_all_v(gpu_nccl *c, void *stream, gpu_ptr send, const size_t 
   nccl_result r2 = api.GroupEnd(); /* always closes the group */
   if (r == 0) r = r2;
   if (r) return nccl_fail(r, "the all-to-all's grouped ncclSend/ncclRecv", err, errlen);
+  queued(c, s);
+  return 0;
+}
+
+int gpu_nccl_reduce_scatter_sum(gpu_nccl *c, void *stream, gpu_ptr send, gpu_ptr recv, int64_t count, char *err,
+                                size_t errlen) {
+  if (usable(c, err, errlen)) return -1;
+  void *s = stream ? stream : gpu_stream(c->g);
+  nccl_result r = api.ReduceScatter((const void *)(uintptr_t)send, (void *)(uintptr_t)recv, (size_t)count, NCCL_FLOAT32,
+                                    NCCL_SUM, c->comm, s);
+  if (r) return nccl_fail(r, "ncclReduceScatter", err, errlen);
+  queued(c, s);
+  return 0;
+}
+
+int gpu_nccl_all_gather(gpu_nccl *c, void *stream, gpu_ptr send, gpu_ptr recv, size_t bytes, char *err, size_t errlen) {
+  if (usable(c, err, errlen)) return -1;
+  void *s = stream ? stream : gpu_stream(c->g);
+  nccl_result r = api.AllGather((const void *)(uintptr_t)send, (void *)(uintptr_t)recv, bytes, NCCL_INT8, c->comm, s);
+  if (r) return nccl_fail(r, "ncclAllGather", err, errlen);
   queued(c, s);
   return 0;
 }

@@ -43,5 +43,11 @@ int gpu_nccl_all_reduce_sum_i32(gpu_nccl *c, void *stream, gpu_ptr buf, int64_t 
  * included). */
 int gpu_nccl_all_to_all_v(gpu_nccl *c, void *stream, gpu_ptr send, const size_t *send_off, const size_t *send_bytes,
                           gpu_ptr recv, const size_t *recv_off, const size_t *recv_bytes, char *err, size_t errlen);
+/* ZeRO-1: recv (count f32) <- rank r's count-long slice of the ranks' summed send (nranks x
+ * count f32): ncclReduceScatter. */
+int gpu_nccl_reduce_scatter_sum(gpu_nccl *c, void *stream, gpu_ptr send, gpu_ptr recv, int64_t count, char *err,
+                                size_t errlen);
+/* recv (nranks x bytes) <- every rank's send (bytes), in rank order: ncclAllGather. */
+int gpu_nccl_all_gather(gpu_nccl *c, void *stream, gpu_ptr send, gpu_ptr recv, size_t bytes, char *err, size_t errlen);
 
 #endif

@@ -5,9 +5,10 @@
  *  2. `moec train --device cuda` on tiny (fp32, 6 steps) at dp=2 (naive and fused experts), ep=2 and
  *     ep=2 x dp=2 (fused experts), ranks as threads on one GPU through the host-staged
  *     transport: the same losses, grad norms, weights and Adam moments as one rank on the GPU
- *     (<= 1e-5 relative, as test_parallel on the CPU);
- *  3. with 2+ GPUs and NCCL: dp=2 and ep=2 over NCCL (ranks as threads, one GPU each), and
- *     ep=2 as 2 processes (moec launch), against the same one-rank runs.
+ *     (<= 1e-5 relative, as test_parallel on the CPU); the same with ZeRO-1 (zero = true: dp=2,
+ *     ep=2 x dp=2), and gpu_comm's reduce_scatter and all_gather on their own;
+ *  3. with 2+ GPUs and NCCL: dp=2 and ep=2 over NCCL (ranks as threads, one GPU each), ep=2 as
+ *     2 processes (moec launch), and dp=2 with ZeRO-1, against the same one-rank runs.
  * Needs $MOEC (ctest sets it). Prints SKIP and passes where there is no CUDA driver or GPU. */
 #include <pthread.h>
 #include <stdint.h>
@@ -60,6 +61,38 @@ typedef struct {
 
 static float vals(int r, int i) { return (float)((i * 37 + r * 11) % 101) * 0.173f - 8.0f + (float)r * 1e-3f; }
 
+/* ZeRO's two: reduce_scatter of a padded tensor (each rank its chunk of the rank-order sum,
+ * zero in the padding) and all_gather of one chunk a rank, in group rank order. d and d2 hold
+ * NV + 64 floats. */
+static void check_zero_collectives(gpu_ctx *g, gpu_comm *c, int rank, gpu_ptr d, gpu_ptr d2) {
+  enum { CH = (NV + NR - 1) / NR };
+  float x[NR * CH], y[NR * CH];
+  char err[1024];
+  for (int i = 0; i < NR * CH; i++) x[i] = i < NV ? vals(rank, i) : 0.0f;
+  gpu_upload(g, d2, x, sizeof x);
+  CHECK(gpu_comm_reduce_scatter_sum(c, COMM_WORLD, d2, d, CH, err, sizeof err) == 0, "reduce_scatter: %s", err);
+  gpu_download(g, y, d, CH * 4);
+  int bad = 0;
+  for (int i = 0; i < CH; i++) {
+    int at = rank * CH + i;
+    float want = 0;
+    if (at < NV) {
+      want = vals(0, at);
+      for (int r = 1; r < NR; r++) want += vals(r, at);
+    }
+    bad += memcmp(&y[i], &want, 4) != 0;
+  }
+  CHECK(bad == 0, "rank %d: %d reduce_scatter values are not the rank-order sums", rank, bad);
+  for (int i = 0; i < CH; i++) x[i] = (float)(1000 * rank + i);
+  gpu_upload(g, d, x, CH * 4);
+  CHECK(gpu_comm_all_gather(c, COMM_WORLD, d, d2, CH * 4, err, sizeof err) == 0, "all_gather: %s", err);
+  gpu_download(g, y, d2, sizeof y);
+  bad = 0;
+  for (int j = 0; j < NR; j++)
+    for (int i = 0; i < CH; i++) bad += y[j * CH + i] != (float)(1000 * j + i);
+  CHECK(bad == 0, "rank %d: all_gather placed %d values wrong", rank, bad);
+}
+
 static void *comm_rank_main(void *p) {
   rank_arg *a = p;
   char err[1024];
@@ -72,7 +105,7 @@ static void *comm_rank_main(void *p) {
     return NULL;
   }
   gpu_ptr d = 0, d2 = 0;
-  CHECK(gpu_alloc(g, &d, NV * 4, "a test buffer") == 0 && gpu_alloc(g, &d2, NV * 4 + 256, "a test buffer") == 0, "alloc");
+  CHECK(gpu_alloc(g, &d, NV * 4 + 256, "a test buffer") == 0 && gpu_alloc(g, &d2, NV * 4 + 256, "a test buffer") == 0, "alloc");
   float x[NV], y[NV], want[NV];
   int32_t xi[NV], yi[NV];
   uint16_t xb[NV], yb[NV];
@@ -130,6 +163,7 @@ static void *comm_rank_main(void *p) {
     for (size_t i = 0; i < rb[j] / 4; i++) bad += got[ro[j] / 4 + i] != (float)(1000 * j + 100 * a->rank + (int)i);
   CHECK(bad == 0, "rank %d: all_to_all_v moved %d values wrong", a->rank, bad);
   free(got);
+  check_zero_collectives(g, c, a->rank, d, d2);
   gpu_free(g, d);
   gpu_free(g, d2);
   gpu_comm_free(c, 0);
@@ -147,7 +181,7 @@ static void test_host_staged(void) {
   }
   for (int r = 0; r < NR; r++) pthread_join(th[r], NULL);
   comm_world_free(w);
-  printf("gpu_comm host-staged, %d ranks on GPU 0: all_reduce_sum f32/bf16/i32, all_to_all_v (%s)\n", NR,
+  printf("gpu_comm host-staged, %d ranks on GPU 0: all_reduce_sum f32/bf16/i32, all_to_all_v, reduce_scatter, all_gather (%s)\n", NR,
          failures ? "FAILED" : "ok");
 }
 
@@ -172,8 +206,13 @@ int main(void) {
   CHECK(run(host, "", FUSED " --set ep=2", "ep2") == 0, "ep=2 failed");
   CHECK(run(host, "", FUSED " --set ep=2 --set dp=2", "ep2dp2") == 0, "ep=2 x dp=2 failed");
   CHECK(run(host, "", "--set ep=2", "ep2d") == 0, "ep=2 with the driver's default passes failed");
-  for (const char *const *t = (const char *const[]){"dp2", "dp2f", "ep2", "ep2dp2", "ep2d", NULL}; *t; t++)
+  /* ZeRO-1: sharded AdamW moments, the gradients reduce-scattered and the weights all-gathered */
+  CHECK(run(host, "", FUSED " --set dp=2 --set zero=true", "dp2z") == 0, "dp=2 zero failed");
+  CHECK(run(host, "", FUSED " --set ep=2 --set dp=2 --set zero=true", "ep2dp2z") == 0, "ep=2 x dp=2 zero failed");
+  for (const char *const *t = (const char *const[]){"dp2", "dp2f", "ep2", "ep2dp2", "ep2d", "dp2z", "ep2dp2z", NULL}; *t; t++)
     CHECK(used(*t, "host-staged"), "%s: not through the host-staged transport", *t);
+  same_as("onef", "dp2z", 6);
+  same_as("onef", "ep2dp2z", 6);
   same_as("one", "dp2", 6);
   same_as("onef", "dp2f", 6);
   same_as("onef", "ep2", 6);
@@ -190,8 +229,10 @@ int main(void) {
     char launch[1200];
     snprintf(launch, sizeof launch, "%s launch -n 2", moec);
     CHECK(run("MOEC_GPU_COMM=nccl", launch, FUSED " --set ep=2", "ncep2p") == 0, "ep=2 as 2 processes over NCCL failed");
-    for (const char *const *t = (const char *const[]){"ncdp2", "ncep2", "ncep2p", NULL}; *t; t++)
+    CHECK(run("MOEC_GPU_COMM=nccl", "", FUSED " --set dp=2 --set zero=true", "ncdp2z") == 0, "dp=2 zero over NCCL failed");
+    for (const char *const *t = (const char *const[]){"ncdp2", "ncep2", "ncep2p", "ncdp2z", NULL}; *t; t++)
       CHECK(used(*t, "NCCL"), "%s: not over NCCL", *t);
+    same_as("onef", "ncdp2z", 6);
     same_as("one", "ncdp2", 6);
     same_as("onef", "ncep2", 6);
     same_as("onef", "ncep2p", 6);

@@ -113,14 +113,7 @@ int main(void) {
   CHECK(run_cpu("--steps 6 --stop-at 3", "rz2") == 0, "one rank --stop-at 3 failed");
   CHECK(run_cpu("--steps 6 --set ep=2 --set dp=2 --set zero=true --resume", "rz2") == 0, "resume at ep=2 dp=2 zero failed");
   same_as("one", "rz2", 6);
-  /* the GPU executor refuses zero with a message (before it needs a GPU: the message or no GPU) */
   char cmd[1024];
-  snprintf(cmd, sizeof cmd,
-           "%s train models/tiny.moe " PARALLEL_TEST_SMALL " --steps 1 --set dp=2 --set zero=true --device cuda 2>%s/gpu.err >/dev/null",
-           moec, tmp);
-  CHECK(system(cmd) != 0, "zero on --device cuda ran");
-  snprintf(cmd, sizeof cmd, "grep -q 'ZeRO-1 (parallel = { zero = true }) runs on the CPU only\\|no GPU\\|driver' %s/gpu.err", tmp);
-  CHECK(system(cmd) == 0, "zero on --device cuda: no message");
   snprintf(cmd, sizeof cmd, "rm -rf %s", tmp);
   if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", tmp);
   return failures != 0;
