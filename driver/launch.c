@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -193,6 +194,7 @@ int cmd_launch(int argc, char **argv) {
       rc = 1;
       break;
     }
+    const pid_t launcher = getpid();
     pid_t p = fork();
     if (p < 0) {
       fprintf(stderr, "moec: error: launch: cannot start rank %d: %s\n", started, strerror(errno));
@@ -202,6 +204,9 @@ int cmd_launch(int argc, char **argv) {
     }
     if (p == 0) {
       setpgid(0, 0); /* its own process group: stopping a rank stops what it started */
+      /* a launcher killed outright (SIGKILL: no handler runs) must not leave ranks training and
+         writing checkpoints behind it: they get SIGTERM when it dies (or already did) */
+      if (prctl(PR_SET_PDEATHSIG, SIGTERM) != 0 || getppid() != launcher) _exit(1);
       signal(SIGINT, SIG_DFL), signal(SIGTERM, SIG_DFL), signal(SIGHUP, SIG_DFL);
       dup2(out[1], STDOUT_FILENO), dup2(err[1], STDERR_FILENO);
       close(out[0]), close(out[1]), close(err[0]), close(err[1]);

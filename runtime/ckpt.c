@@ -741,7 +741,8 @@ const char *ckpt_state_str(const ckpt_state *s, const char *key) {
 }
 
 /* checks that t holds the expected tensors (names from the params, with suffixes): exactly
- * those, or with c->subset at least those (the other EP ranks' experts are not read) */
+ * those, or with c->subset those and others whose names contain it (the other EP ranks'
+ * experts, not read) */
 static int check_tensor_set(const ckpt_tset *t, const ckpt_contents *c, int moments, char *err,
                             size_t errlen) {
   const char *file = t->label;
@@ -775,11 +776,11 @@ static int check_tensor_set(const ckpt_tset *t, const ckpt_contents *c, int mome
       expected++;
     }
   }
-  if (c->subset || ckpt_tset_count(t) == expected) return 0;
+  if (!c->subset && ckpt_tset_count(t) == expected) return 0;
   for (size_t f = 0; f < t->n; f++)
     for (size_t i = 0; i < st_count(t->files[f]); i++) {
       const char *nm = st_at(t->files[f], i)->name;
-      int found = 0;
+      int found = c->subset && strstr(nm, c->subset) != NULL;
       for (size_t j = 0; j < c->n_params && !found; j++) {
         const ckpt_param *p = &c->params[j];
         size_t L = strlen(p->name);

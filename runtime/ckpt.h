@@ -67,7 +67,8 @@ typedef struct {
   size_t n_state;
   int keep;                     /* save only: checkpoints kept, the new one included;
                                    0 = CKPT_DEFAULT_KEEP */
-  int subset;                   /* load only: the checkpoint may hold more tensors than params
+  const char *subset;           /* load only: NULL, or a name fragment (".experts."): the
+                                   checkpoint may also hold tensors whose names contain it
                                    (an EP rank reads its own experts, not the others') */
 } ckpt_contents;
 
@@ -108,7 +109,7 @@ typedef struct {
 
 /* Loads the checkpoint directory path (a step-* directory) into c->params[i].w/m/v, checking
  * first that all four files exist and parse, that model.safetensors holds exactly the
- * parameters of c (names, shapes; F32, or BF16/F16 converted; with c->subset at least them),
+ * parameters of c (names, shapes; F32, or BF16/F16 converted; with c->subset, others only if named so),
  * that optimizer.safetensors holds exactly (at least) their moments, either file possibly
  * sharded (above), that config.json describes the same model sizes as c->config,
  * and that state.json's step matches the directory's name. Nothing is written to the

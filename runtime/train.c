@@ -167,7 +167,7 @@ static int load_checkpoint(const ckpt_part *self, rt_params *ps, int subset, con
   memset(&st, 0, sizeof st);
   if (rc == 0) {
     ckpt_contents c = contents(self->g, &v);
-    c.subset = subset;
+    c.subset = subset ? ".experts." : NULL; /* what other EP ranks hold */
     rc = ckpt_load(path, &c, &st, err, sizeof err);
     if (rc) fprintf(stderr, "moec: error: --resume: %s\n", err);
   } else {
@@ -202,17 +202,21 @@ static int save_checkpoint_parts(const ckpt_part *self, comm *c, int64_t step, c
   hf_view v;
   int32_t good = hf_view_make(self, 1, &v, 1) == 0;
   ckpt_contents cc = contents(self->g, &v);
-  if (!good) snprintf(e, sizeof e, "out of host memory");
+  if (!good) snprintf(e, sizeof e, "out of host memory (or a parameter missing from this rank's store)");
   else if (ckpt_parts_write(start.tmp, me, n, &cc, e, sizeof e)) good = 0;
   if (!good) fprintf(stderr, "moec: error: --ckpt-dir %s: checkpoint of step %lld, EP rank %d's part: %s\n", dir, (long long)step, me, e);
   int32_t all = good;
   int rc = comm_all_reduce_sum(c, &all, 1, COMM_I32, err, errlen);
+  if (rc != 0 && me == 0) ckpt_parts_abandon(start.tmp); /* the writers' outcome unknown: nothing is placed */
   if (rc == 0 && me == 0) {
     ckpt_kv kv[] = {{"data_position", CKPT_INT, step, 0, NULL}, {"loss", CKPT_F64, 0, isfinite(loss) ? loss : 0, NULL}};
     cc.state = kv;
     cc.n_state = 2;
-    if (all != n) ckpt_parts_abandon(start.tmp);
-    else if (ckpt_parts_finish(dir, step, start.tmp, n, &cc, e, sizeof e)) {
+    if (all != n) {
+      ckpt_parts_abandon(start.tmp);
+      fprintf(stderr, "moec: error: --ckpt-dir %s: checkpoint of step %lld not written: %d of %d EP ranks could not write "
+              "their parts (above)\n", dir, (long long)step, n - all, n);
+    } else if (ckpt_parts_finish(dir, step, start.tmp, n, &cc, e, sizeof e)) {
       fprintf(stderr, "moec: error: --ckpt-dir %s: checkpoint of step %lld not written: %s\n", dir, (long long)step, e);
       rc = -1;
     } else if (e[0]) {
@@ -309,7 +313,8 @@ typedef struct {
  * moments back (and cuts its shards again after), so every rank calls this. */
 static int save_any(const rank_ctx *r, rt_params *ps, int ep, int64_t step, double loss, char *err, size_t errlen) {
   int zero = r->step_g->cfg.zero && r->comm, rc = 0;
-  if (zero) rc = zero_unshard(ps, r->step_g, r->comm, r->rank, err, errlen);
+  if (zero && (rc = zero_unshard(ps, r->step_g, r->comm, r->rank, err, errlen)) != 0 && r->rank != 0)
+    fprintf(stderr, "moec: error: rank %d: checkpoint of step %lld: %s\n", r->rank, (long long)step, err);
   ckpt_part self = {r->step_g, ps, r->rank > 0};
   if (rc == 0 && r->rank < ep) {
     if (ep == 1) rc = save_checkpoint(&self, 1, step, r->o->ckpt_dir, loss);
@@ -317,7 +322,10 @@ static int save_any(const rank_ctx *r, rt_params *ps, int ep, int64_t step, doub
   }
   if (zero) { /* even after a failed write: a retry later must find the shards, not the whole moments */
     char e2[512];
-    if (zero_shard(ps, r->step_g, r->comm, r->rank, e2, sizeof e2) && !rc) rc = -1, snprintf(err, errlen, "%s", e2);
+    if (zero_shard(ps, r->step_g, r->comm, r->rank, e2, sizeof e2)) {
+      fprintf(stderr, "moec: error: rank %d: %s\n", r->rank, e2);
+      if (!rc) rc = -1, snprintf(err, errlen, "%s", e2);
+    }
   }
   return rc;
 }
@@ -413,9 +421,10 @@ static int train_rank(rank_ctx *r) {
       goto done;
     }
     char held[32], whole[32];
-    fprintf(msgf, "ZeRO-1: rank 0 holds %s of AdamW moments (%s without zero)\n",
-            gpu_fmt_bytes(zero_moment_bytes(ps), held, sizeof held),
-            gpu_fmt_bytes((size_t)rt_params_numel(ps) * (ps->moments_bf16 ? 4 : 8), whole, sizeof whole));
+    const size_t vb = o->cuda && ps->moments_bf16 ? 2 : 4; /* the host keeps bf16 moments in f32 */
+    fprintf(msgf, "ZeRO-1: rank 0 holds %s of AdamW moments%s (%s without zero)\n",
+            gpu_fmt_bytes(zero_moment_bytes(ps, vb, 0), held, sizeof held), o->cuda ? " on its GPU" : "",
+            gpu_fmt_bytes(zero_moment_bytes(ps, vb, 1), whole, sizeof whole));
   } else if (cfg->zero) {
     fprintf(msgf, "moec: note: zero = true shards the AdamW moments over several ranks; with one rank it changes nothing\n");
   }

@@ -80,8 +80,8 @@ int zero_unshard(rt_params *ps, const ir_graph *step, comm_world *w, int rank, c
   return 0;
 }
 
-size_t zero_moment_bytes(const rt_params *ps) {
+size_t zero_moment_bytes(const rt_params *ps, size_t bytes, int whole) {
   size_t b = 0;
-  for (int i = 0; i < ps->n; i++) b += (size_t)ps->p[i].mn * 2 * (ps->moments_bf16 ? 2 : 4);
+  for (int i = 0; i < ps->n; i++) b += (size_t)(whole ? ps->p[i].numel : ps->p[i].mn) * 2 * bytes;
   return b;
 }

@@ -22,7 +22,8 @@ int zero_shard(rt_params *ps, const ir_graph *step, comm_world *w, int rank, cha
 /* Every sharded parameter: the whole m and v again, gathered over its group (graph order, as
  * the ranks' step graphs list them, so every group's members make the same calls). */
 int zero_unshard(rt_params *ps, const ir_graph *step, comm_world *w, int rank, char *err, size_t errlen);
-/* Bytes of AdamW moments this rank holds (what ZeRO-1 saves; 8 or 4 per value held). */
-size_t zero_moment_bytes(const rt_params *ps);
+/* Bytes of AdamW moments this rank holds, at `bytes` a value (4: f32, the host's; 2: bf16, a
+ * GPU's with moments = bf16): m and v of every value held, or of every value when `whole`. */
+size_t zero_moment_bytes(const rt_params *ps, size_t bytes, int whole);
 
 #endif

@@ -64,6 +64,8 @@ static double compare_ckpt(const char *a, const char *b, const char *step, const
   snprintf(pb, sizeof pb, "%s/%s/%s", tmp, b, step);
   ckpt_tset ta, tb;
   int oa = ckpt_tset_open(&ta, pa, which, err, sizeof err) == 0, ob = oa && ckpt_tset_open(&tb, pb, which, err, sizeof err) == 0;
+  if (!oa) ckpt_tset_close(&ta); /* a failed open may hold some parts */
+  if (oa && !ob) ckpt_tset_close(&tb);
   CHECK(oa && ob, "open %s of %s / %s: %s", which, pa, pb, err);
   double worst = oa && ob ? 0 : INFINITY;
   CHECK(!(oa && ob) || ckpt_tset_count(&ta) == ckpt_tset_count(&tb), "%s: %zu and %zu tensors", which,
@@ -81,7 +83,7 @@ static double compare_ckpt(const char *a, const char *b, const char *step, const
       }
       if (m > 0) worst = fmax(worst, d / m);
     }
-  if (ob) ckpt_tset_close(&tb);
+  if (oa && ob) ckpt_tset_close(&tb);
   if (oa) ckpt_tset_close(&ta);
   return worst;
 }

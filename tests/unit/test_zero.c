@@ -1,9 +1,10 @@
 /* test_zero.c -- ZeRO-1 on the CPU (ranks as threads): `--set zero=true` shards every
  * parameter's AdamW update over its reduce group (passes/sync.c, runtime/zero.c).
  *   - the dump: each sharded adamw reads a reduce_scatter and is followed by its all_gather;
- *     grad_norm reads the shards; the predicted AdamW bytes are 1/dp of the whole;
- *   - dp=2: the same logged values and the same checkpoint bytes as dp=2 without zero (same
- *     sums, in the same order), and each rank holds half the moments;
+ *     grad_norm reads the shards; `moec compile` predicts half the AdamW bytes at dp=2;
+ *   - dp=2, a checkpoint every 2 steps (the shards gathered and cut again): the same logged
+ *     values and the same checkpoint bytes as dp=2 without zero (same sums, in the same order),
+ *     and each rank holds half the moments;
  *   - dp=4, ep=2 x dp=2, ep=2 alone: the same as one rank (<= 1e-5 relative, parallel_test.h);
  *   - moments = bf16 with zero: the same bytes as without;
  *   - checkpoints move in and out of zero: dp=2 zero -> one rank, one rank -> ep=2 x dp=2 zero.
@@ -70,6 +71,15 @@ static dump_counts dump(const char *zero) {
   return c;
 }
 
+/* `moec compile`'s predicted AdamW bytes, in bytes (0 when not found). */
+static double predicted_moments(const char *zero) {
+  char cmd[2048];
+  snprintf(cmd, sizeof cmd, "%s compile models/tiny.moe " PARALLEL_TEST_SMALL " --set dp=2 --set zero=%s -o %s/b.%s > %s/%s.err 2>&1",
+           moec, zero, tmp, zero, tmp, zero);
+  CHECK(system(cmd) == 0, "compile with zero=%s failed", zero);
+  return bytes_after(zero, "AdamW moments ");
+}
+
 /* With zero every adamw is sharded, reads a reduce_scatter and is followed by an all_gather;
  * grad_norm is sharded; the gradients' all_reduces are gone, the others (losses, counts) stay. */
 static void check_dump(void) {
@@ -82,6 +92,9 @@ static void check_dump(void) {
         "without zero: no shards");
   CHECK(z.all_reduce == p.all_reduce - p.adamw, "zero: %d all_reduce, without %d (%d gradients)", z.all_reduce,
         p.all_reduce, p.adamw);
+  double mz = predicted_moments("true"), mp = predicted_moments("false");
+  printf("predicted AdamW moments at dp=2: %.0f bytes with zero, %.0f without\n", mz, mp);
+  CHECK(mp > 0 && fabs(mz / mp - 0.5) < 0.01, "predicted moments %.0f with zero, %.0f without", mz, mp);
 }
 
 int main(void) {
@@ -89,8 +102,9 @@ int main(void) {
   if (parallel_test_begin(dir)) return 1;
   check_dump();
   CHECK(run_cpu("--steps 6", "one") == 0, "one rank failed");
-  CHECK(run_cpu("--steps 6 --set dp=2", "dp2") == 0, "dp=2 failed");
-  CHECK(run_cpu("--steps 6 --set dp=2 --set zero=true", "dp2z") == 0, "dp=2 zero failed");
+  /* checkpoints every 2 steps: the shards, gathered for each save, must be cut again after it */
+  CHECK(run_cpu("--steps 6 --set dp=2 --ckpt-every 2", "dp2") == 0, "dp=2 failed");
+  CHECK(run_cpu("--steps 6 --set dp=2 --set zero=true --ckpt-every 2", "dp2z") == 0, "dp=2 zero failed");
   same_bytes("dp2", "dp2z", 6);
   /* the moments each rank holds: half of the whole at dp=2 (shards round up: within 1%) */
   double held = bytes_after("dp2z", "holds "), whole = bytes_after("dp2z", "moments (");
