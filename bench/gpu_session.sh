@@ -14,6 +14,8 @@
 #            flash (needs test_gpu_attention in the carry); on a failure again with MOEC_CUDNN_DEBUG=1 [150 s]
 #   attn     genos_1b mxfp8(block=128) fused with MOEC_ATTENTION=cudnn (reuses the peer; compare
 #            with stack's or fp8prof's moec row)                                 [120 s]
+#   hfshard  transformers' from_pretrained on tiny's step-0 checkpoint written by one rank and
+#            by ep=2 (two parts and an index; CPU ranks): the same tensors (python3 + transformers) [60 s]
 #   determinism  l0_sanity 300 steps on chr20, twice with MOEC_DETERMINISTIC=1 and twice
 #            without, side by side: are the logs (loss, grad norm, val) identical? [120 s]
 # benchmarks (bench/run_bench.sh: moec and the peer in the same call)
@@ -285,6 +287,13 @@ for part in "${parts[@]}"; do
       echo "-- variant $v"
       MOEC_WGMMA_VARIANT=$v BENCH=$C/bench_grouped_gemm timeout 120 bash bench/grouped_gemm.sh 20 "$L/ggemm$v"
     done ;;
+  hfshard)
+    for e in 1 2; do
+      timeout 25 "$C/moec" train models/tiny.moe --device cpu --set ep=$e --set batch=2 --stop-at 0 --ckpt-dir "$L/hf_ep$e" \
+        >"$L/hf_ep$e.out" 2>&1 || { echo "ep=$e: rc $?"; tail -2 "$L/hf_ep$e.out"; }
+    done
+    ls "$L/hf_ep2/step-00000000" | tr '\n' ' '; echo
+    timeout 30 python3 tests/parity/check_from_pretrained.py "$L/hf_ep1/step-00000000" "$L/hf_ep2/step-00000000" 2>&1 | tail -4 ;;
   scale2)
     for p in bf16 'mxfp8(block=128)'; do
       t=${p%%(*}
@@ -362,7 +371,7 @@ for part in "${parts[@]}"; do
       if [ -s "$a" ] && cmp -s <(strip "$a") <(strip "$b"); then echo "$pair: identical logs ($(wc -l <"$a") lines)"
       else echo "$pair: logs differ: $(diff <(strip "$a") <(strip "$b") | head -2 | tr '\n' ' ')"; fi
     done ;;
-  *) echo "unknown part '$part' (kernels step steptiny parallel scale2 scale8 killrank cudnn attn stack genos awoff profile fused fp8 fp8prof fusedprof og2 og2fp8 og2fused ggemm chr20 determinism long)" ;;
+  *) echo "unknown part '$part' (kernels step steptiny parallel hfshard scale2 scale8 killrank cudnn attn stack genos awoff profile fused fp8 fp8prof fusedprof og2 og2fp8 og2fused ggemm chr20 determinism long)" ;;
   esac
 done
 echo "== done ($(date -u +%H:%M:%S))"
