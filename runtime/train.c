@@ -330,6 +330,25 @@ static int save_any(const rank_ctx *r, rt_params *ps, int ep, int64_t step, doub
   return rc;
 }
 
+/* save_any from a GPU run: the host copies (released between checkpoints) brought back from
+ * the device for the write, and released again after it. */
+static int save_from(executors *ex, const rank_ctx *r, rt_params *ps, int ep, int64_t step, double loss, FILE *msgf,
+                     char *err, size_t errlen) {
+  if (ex->rt && rt_params_restore_host(ps) != 0) {
+    fprintf(msgf, "moec: error: out of host memory for the checkpoint of step %lld (the weights and moments are "
+            "copied to the host to be written)\n", (long long)step);
+    return -1;
+  }
+  if (ex->rt && gpu_runtime_download(ex->rt, ps, err, errlen) != 0) {
+    fprintf(msgf, "moec: error: %s\n", err);
+    rt_params_release_host(ps);
+    return -1;
+  }
+  int rc = save_any(r, ps, ep, step, loss, err, errlen);
+  if (ex->rt) rt_params_release_host(ps);
+  return rc;
+}
+
 /* Ranks on GPUs: rank r on GPU (local rank mod GPUs), and its collectives, host-staged or NCCL
  * as all ranks agree (gpu_comm_agree). Every rank makes the same collective calls here. */
 static int gpu_rank_setup(rank_ctx *r, rt_params *ps, executors *ex, FILE *msgf, char *err, size_t errlen) {
@@ -430,6 +449,7 @@ static int train_rank(rank_ctx *r) {
   }
   if (o->cuda) {
     if (gpu_rank_setup(r, ps, &ex, msgf, err, sizeof err)) goto done;
+    rt_params_release_host(ps); /* on the device now; back for checkpoints only (save_from) */
   } else if (!(ex.cpu_step = cpu_exec_new(step_g, ps, err, sizeof err)) || !(ex.cpu_fwd = cpu_exec_new(fwd, ps, err, sizeof err))) {
     fprintf(msgf, "moec: internal error: %s\n", err);
     goto done;
@@ -446,7 +466,7 @@ static int train_rank(rank_ctx *r) {
   if (end <= ps->step) {
     /* nothing to train (--stop-at 0, or resumed at the end): write the weights as they are */
     fprintf(msgf, "no steps to run (at step %lld, stopping at %lld)\n", (long long)ps->step, (long long)end);
-    rc = (r->rank < ep || cfg->zero) && o->ckpt_dir ? save_any(r, ps, ep, ps->step, NAN, err, sizeof err) != 0 : 0;
+    rc = (r->rank < ep || cfg->zero) && o->ckpt_dir ? save_from(&ex, r, ps, ep, ps->step, NAN, msgf, err, sizeof err) != 0 : 0;
     goto done;
   }
   int64_t val_batches = o->val_batches > 0 ? o->val_batches : 8;
@@ -529,13 +549,11 @@ static int train_rank(rank_ctx *r) {
       }
     }
     if (logf) fflush(logf);
-    if ((r->rank < ep || cfg->zero) && o->ckpt_dir && ((o->ckpt_every > 0 && s % o->ckpt_every == 0) || last))
-      if ((ex.rt && gpu_runtime_download(ex.rt, ps, err, sizeof err) != 0 &&
-           fprintf(msgf, "moec: error: %s\n", err) > 0) ||
-          save_any(r, ps, ep, ps->step, loss, err, sizeof err)) {
-        rc = 1;
-        break;
-      }
+    if ((r->rank < ep || cfg->zero) && o->ckpt_dir && ((o->ckpt_every > 0 && s % o->ckpt_every == 0) || last) &&
+        save_from(&ex, r, ps, ep, ps->step, loss, msgf, err, sizeof err)) {
+      rc = 1;
+      break;
+    }
   }
   if (tty) fputs("\n", msgf);
   if (rc == 0)
