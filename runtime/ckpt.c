@@ -283,7 +283,8 @@ static int validate_contents(const ckpt_contents *c, int saving, char *err, size
       seterr(err, errlen, "checkpoint: parameter %zu has no name", i);
       return -1;
     }
-    if (p->ndim < 0 || p->ndim > CKPT_MAX_DIMS || !p->w || !p->m != !p->v) {
+    const int fetched = saving && p->fetch; /* a save may fetch instead of pointing */
+    if (p->ndim < 0 || p->ndim > CKPT_MAX_DIMS || (!fetched && (!p->w || !p->m != !p->v))) {
       seterr(err, errlen, "checkpoint: parameter '%s': bad rank %d, or missing data (w must be "
              "set; m and v both or neither)", p->name, p->ndim);
       return -1;
@@ -320,14 +321,30 @@ static int validate_contents(const ckpt_contents *c, int saving, char *err, size
   return 0;
 }
 
+/* A fetched tensor (ckpt_param.fetch) as the safetensors writer's producer. */
+typedef struct {
+  const ckpt_param *p;
+  int which; /* 0 weight, 1 exp_avg, 2 exp_avg_sq */
+} fetch_job;
+
+static int produce_fetched(void *ctx, void *dst, uint64_t bytes, char *err, size_t errlen) {
+  const fetch_job *j = ctx;
+  if (bytes != (uint64_t)numel_of(j->p) * 4) {
+    seterr(err, errlen, "%llu bytes asked for %lld values", (unsigned long long)bytes, (long long)numel_of(j->p));
+    return -1;
+  }
+  return j->p->fetch(j->p->fetch_ctx, j->which, dst, err, errlen);
+}
+
 static int write_tensors(const char *path, const ckpt_contents *c, int which, char *err,
                          size_t errlen) {
   /* which: 0 = weights, 1 = moments */
   size_t n = 0, cap = c->n_params * (which ? 2 : 1);
   st_tensor *t = calloc(cap ? cap : 1, sizeof *t);
   char **names = calloc(cap ? cap : 1, sizeof *names);
+  fetch_job *jobs = calloc(cap ? cap : 1, sizeof *jobs);
   int rc = -1;
-  if (!t || !names) {
+  if (!t || !names || !jobs) {
     seterr(err, errlen, "%s: out of memory", path);
     goto out;
   }
@@ -335,8 +352,13 @@ static int write_tensors(const char *path, const ckpt_contents *c, int which, ch
     const ckpt_param *p = &c->params[i];
     for (int k = 0; k < (which ? 2 : 1); k++) {
       const float *data = which ? (k ? p->v : p->m) : p->w;
-      if (!data) continue;
+      if (p->fetch ? which && !p->has_moments : !data) continue;
       st_tensor *s = &t[n];
+      if (p->fetch) {
+        jobs[n] = (fetch_job){p, which ? 1 + k : 0};
+        s->produce = produce_fetched, s->produce_ctx = &jobs[n];
+        data = NULL;
+      }
       if (which) {
         size_t len = strlen(p->name) + 16;
         names[n] = malloc(len);
@@ -359,9 +381,10 @@ static int write_tensors(const char *path, const ckpt_contents *c, int which, ch
   st_kv meta[] = {{"format", "pt"}};
   rc = st_write(path, t, n, meta, 1, err, errlen);
 out:
-  for (size_t i = 0; i < cap; i++) free(names[i]);
+  for (size_t i = 0; names && i < cap; i++) free(names[i]);
   free(names);
   free(t);
+  free(jobs);
   return rc;
 }
 
@@ -631,7 +654,9 @@ int ckpt_parts_begin(const char *dir, int64_t step, char *tmp_out, size_t len, c
 
 int ckpt_parts_write(const char *tmp, int k, int n, const ckpt_contents *c, char *err, size_t errlen) {
   char file[PATHMAX + 128], part[96], inner[1024] = "";
-  if (validate_contents(c, 0, err, errlen) != 0) return -1;
+  ckpt_contents params_only = *c; /* a part: no state keys to check */
+  params_only.n_state = 0;
+  if (validate_contents(&params_only, 1, err, errlen) != 0) return -1;
   if (k < 0 || k >= n) {
     seterr(err, errlen, "checkpoint: part %d of %d", k, n);
     return -1;

@@ -45,6 +45,13 @@ typedef struct {
   int64_t shape[CKPT_MAX_DIMS]; /* HF (PyTorch) order: Linear weights are [out, in] */
   float *w;                     /* (numel) the fp32 master weight */
   float *m, *v;                 /* (numel) Adam exp_avg / exp_avg_sq; both NULL = not optimised */
+  /* Saves only, instead of w, m, v: fetch fills dst (numel floats, in the HF layout above) with
+   * the weight (which 0), exp_avg (1) or exp_avg_sq (2) when the writer reaches the tensor, so
+   * no copy of the whole model need exist at once (transposed on the fly, or fetched from a
+   * GPU); has_moments says whether 1 and 2 exist. 0, or -1 with err set. */
+  int (*fetch)(void *ctx, int which, float *dst, char *err, size_t errlen);
+  void *fetch_ctx;
+  int has_moments;
 } ckpt_param;
 
 typedef enum { CKPT_INT, CKPT_F64, CKPT_STR } ckpt_kind;

@@ -13,6 +13,7 @@
 
 #include "cpu_ep.h"
 #include "cpu_kernels.h"
+#include "errf.h"
 #include "gpu_exec_int.h"
 
 /* ---------------------------------------------------------------- the runtime */
@@ -144,6 +145,15 @@ int gpu_runtime_upload(gpu_runtime *rt, const rt_params *ps, char *err, size_t e
 
 int gpu_runtime_download(gpu_runtime *rt, rt_params *ps, char *err, size_t errlen) {
   return params_move(rt, ps, 0, err, errlen);
+}
+
+int gpu_runtime_fetch(gpu_runtime *rt, int i, int which, float *dst, char *err, size_t errlen) {
+  const rt_param *p = &rt->ps->p[i];
+  if (which == 0)
+    return gpu_download(rt->g, dst, rt->dp[i].w, (size_t)p->numel * 4) ? errf(err, errlen, "%s", gpu_error(rt->g)) : 0;
+  if (p->mn != p->numel) return errf(err, errlen, "%s: the device holds a ZeRO shard of its moments", p->name);
+  int rc = moment_move(rt, 0, which == 1 ? rt->dp[i].m : rt->dp[i].v, dst, p->mn);
+  return rc == -2 ? errf(err, errlen, "out of host memory for the bf16 moments") : rc ? errf(err, errlen, "%s", gpu_error(rt->g)) : 0;
 }
 
 const char *gpu_runtime_device(const gpu_runtime *rt) { return rt->device; }

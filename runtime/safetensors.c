@@ -771,6 +771,8 @@ static int fill_safetensors(int fd, void *vctx, const char *tmp, const char *pat
                             size_t errlen) {
   (void)tmp;
   st_wctx *c = vctx;
+  void *buf = NULL; /* the produced tensors', one at a time */
+  size_t buf_cap = 0;
   unsigned char len8[8];
   uint64_t hn = c->header.n;
   for (int i = 0; i < 8; i++) len8[i] = (unsigned char)(hn >> (8 * i));
@@ -780,6 +782,25 @@ static int fill_safetensors(int fd, void *vctx, const char *tmp, const char *pat
     const st_tensor *t = &c->t[c->order[k]];
     uint64_t nb = c->nbytes[c->order[k]];
     if (nb == 0) continue;
+    if (!t->data) {
+      if (nb > buf_cap) {
+        void *nbuf = realloc(buf, (size_t)nb);
+        if (!nbuf) {
+          free(buf);
+          seterr(err, errlen, "%s: out of memory for tensor '%s' (%llu bytes)", path, t->name, (unsigned long long)nb);
+          return -1;
+        }
+        buf = nbuf, buf_cap = (size_t)nb;
+      }
+      char perr[512] = "";
+      if (t->produce(t->produce_ctx, buf, nb, perr, sizeof perr) != 0) {
+        free(buf);
+        seterr(err, errlen, "%s: tensor '%s': %s", path, t->name, perr);
+        return -1;
+      }
+      if (write_all(fd, buf, (size_t)nb) != 0) goto werr;
+      continue;
+    }
     if (t->from_f32 && t->dtype == ST_BF16) {
       const float *src = t->data;
       size_t numel = (size_t)(nb / 2);
@@ -793,9 +814,11 @@ static int fill_safetensors(int fd, void *vctx, const char *tmp, const char *pat
       if (write_all(fd, t->data, (size_t)nb) != 0) goto werr;
     }
   }
+  free(buf);
   return 0;
 werr:
   seterr(err, errlen, "%s: write failed: %s", path, strerror(errno));
+  free(buf);
   return -1;
 }
 
@@ -840,7 +863,11 @@ int st_write(const char *path, const st_tensor *tensors, size_t n, const st_kv *
       goto out;
     }
     c.nbytes[i] = (uint64_t)numel * es;
-    if (numel > 0 && !t->data) {
+    if (t->produce && (t->data || t->from_f32)) {
+      seterr(err, errlen, "%s: tensor '%s': give data or a producer, not both (a producer writes dtype's bytes)", path, nm);
+      goto out;
+    }
+    if (numel > 0 && !t->data && !t->produce) {
       seterr(err, errlen, "%s: tensor '%s': no data for shape %s", path, nm,
              st_shape_str(t->shape, t->ndim, sh, sizeof sh));
       goto out;

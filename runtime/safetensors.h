@@ -61,6 +61,11 @@ typedef struct {
   int64_t shape[ST_MAX_DIMS];
   const void *data;           /* numel elements of dtype, little-endian; or float[] if from_f32 */
   int from_f32;               /* data is float[]; converted to dtype on write (BF16 or F32 only) */
+  /* Or, with data NULL: produce fills dst with the tensor's bytes (numel elements of dtype) when
+   * the writer reaches it, so a caller need not hold every tensor at once (a checkpoint
+   * transposing weights, or fetching them from a GPU, one at a time). 0, or -1 with err set. */
+  int (*produce)(void *ctx, void *dst, uint64_t bytes, char *err, size_t errlen);
+  void *produce_ctx;
 } st_tensor;
 
 typedef struct {

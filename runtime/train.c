@@ -20,6 +20,7 @@
 #include "gpu_comm.h"
 #include "gpu_exec.h"
 #include "gpu_loader.h"
+#include "hf_view.h"
 #include "memplan.h"
 #include "params.h"
 #include "pipeline.h"
@@ -36,109 +37,15 @@ int train_param_is_linear_weight(const ir_graph *g, int id) {
   return pass_param_is_linear_weight(g, id);
 }
 
-/* ---- checkpoints: moec's [in, out] linear weights <-> Hugging Face's [out, in] ---- */
-/* The parameters a rank writes or reads: a graph's, or with experts_only its experts alone (an
- * EP rank other than 0 writes its experts; rank 0 the dense parameters too). */
-typedef struct {
-  const ir_graph *g;
-  rt_params *ps;
-  int experts_only;
-} ckpt_part;
-
-typedef struct {
-  ckpt_param *cp; /* (n) */
-  rt_param **src; /* (n) */
-  int *transposed; /* (n) */
-  int n;
-} hf_view;
-
-static void transpose(const float *src, float *dst, int64_t rows, int64_t cols) {
-  for (int64_t r = 0; r < rows; r++)
-    for (int64_t c = 0; c < cols; c++) dst[c * rows + r] = src[r * cols + c];
-}
-
-static void hf_view_free(hf_view *v) {
-  for (int i = 0; v->cp && i < v->n; i++)
-    if (v->transposed[i]) {
-      free(v->cp[i].w);
-      free(v->cp[i].m);
-      free(v->cp[i].v);
-    }
-  free(v->cp);
-  free(v->src);
-  free(v->transposed);
-}
-
-/* Views of the parameters in HF layout (copies for the transposed ones, filled when fill). */
-static int hf_view_make(const ckpt_part *parts, int n_parts, hf_view *v, int fill) {
-  int total = 0;
-  for (int k = 0; k < n_parts; k++) total += parts[k].ps->n;
-  v->n = 0;
-  v->cp = calloc((size_t)total + 1, sizeof *v->cp);
-  v->src = calloc((size_t)total + 1, sizeof *v->src);
-  v->transposed = calloc((size_t)total + 1, sizeof *v->transposed);
-  if (!v->cp || !v->src || !v->transposed) return -1;
-  for (int k = 0; k < n_parts; k++) {
-    const ir_graph *g = parts[k].g;
-    for (int id = 0; id < g->n_nodes; id++) {
-      if (g->nodes[id].op != OP_PARAM) continue;
-      if (parts[k].experts_only && ir_get_int(&g->nodes[id], "expert", -1) < 0) continue;
-      rt_param *p = rt_params_find(parts[k].ps, ir_get_str(&g->nodes[id], "name", ""));
-      if (!p || v->n >= total) return -1;
-      ckpt_param *c = &v->cp[v->n];
-      v->src[v->n] = p;
-      c->name = p->name;
-      c->ndim = p->type.rank;
-      for (int d = 0; d < p->type.rank; d++) c->shape[d] = p->type.dims[d];
-      if (p->type.rank == 2 && train_param_is_linear_weight(g, id)) {
-        v->transposed[v->n] = 1;
-        c->shape[0] = p->type.dims[1];
-        c->shape[1] = p->type.dims[0];
-        size_t bytes = (size_t)p->numel * sizeof(float);
-        c->w = malloc(bytes), c->m = malloc(bytes), c->v = malloc(bytes);
-        if (!c->w || !c->m || !c->v) return -1;
-        if (fill) {
-          transpose(p->w, c->w, p->type.dims[0], p->type.dims[1]);
-          transpose(p->m, c->m, p->type.dims[0], p->type.dims[1]);
-          transpose(p->v, c->v, p->type.dims[0], p->type.dims[1]);
-        }
-      } else {
-        c->w = p->w, c->m = p->m, c->v = p->v;
-      }
-      v->n++;
-    }
-  }
-  return 0;
-}
-
-/* Copies loaded HF-layout values back into the [in, out] master weights. */
-static void hf_view_store(const hf_view *v) {
-  for (int i = 0; i < v->n; i++) {
-    if (!v->transposed[i]) continue;
-    rt_param *p = v->src[i];
-    transpose(v->cp[i].w, p->w, v->cp[i].shape[0], v->cp[i].shape[1]);
-    transpose(v->cp[i].m, p->m, v->cp[i].shape[0], v->cp[i].shape[1]);
-    transpose(v->cp[i].v, p->v, v->cp[i].shape[0], v->cp[i].shape[1]);
-  }
-}
-
-static ckpt_contents contents(const ir_graph *g, const hf_view *v) {
-  ckpt_contents c;
-  memset(&c, 0, sizeof c);
-  c.config = &g->cfg;
-  c.bos_id = DATA_BOS, c.eos_id = DATA_EOS, c.pad_id = DATA_PAD;
-  c.params = v->cp;
-  c.n_params = (size_t)v->n;
-  return c;
-}
-
-static int save_checkpoint(const ckpt_part *parts, int n_parts, int64_t step, const char *dir, double loss) {
+/* ---- checkpoints (the parameters' Hugging Face view: hf_view.h) ---- */
+/* One rank writes the whole checkpoint (from the GPU runtime rt when not NULL). */
+static int save_checkpoint(const ckpt_part *part, gpu_runtime *rt, int64_t step, const char *dir, double loss) {
   hf_view v;
   char err[1024] = "";
-  int rc = hf_view_make(parts, n_parts, &v, 1);
+  int rc = hf_view_for_save(part, rt, &v);
   if (rc) snprintf(err, sizeof err, "out of host memory");
   if (rc == 0) {
-    ckpt_contents c = contents(parts[0].g, &v);
+    ckpt_contents c = hf_view_contents(part->g, &v);
     ckpt_kv kv[] = {{"data_position", CKPT_INT, step, 0, NULL}, {"loss", CKPT_F64, 0, isfinite(loss) ? loss : 0, NULL}};
     c.state = kv;
     c.n_state = 2;
@@ -162,11 +69,11 @@ static int load_checkpoint(const ckpt_part *self, rt_params *ps, int subset, con
     return -1;
   }
   hf_view v;
-  int rc = hf_view_make(self, 1, &v, 0);
+  int rc = hf_view_for_load(self, &v);
   ckpt_state st;
   memset(&st, 0, sizeof st);
   if (rc == 0) {
-    ckpt_contents c = contents(self->g, &v);
+    ckpt_contents c = hf_view_contents(self->g, &v);
     c.subset = subset ? ".experts." : NULL; /* what other EP ranks hold */
     rc = ckpt_load(path, &c, &st, err, sizeof err);
     if (rc) fprintf(stderr, "moec: error: --resume: %s\n", err);
@@ -183,8 +90,8 @@ static int load_checkpoint(const ckpt_part *self, rt_params *ps, int subset, con
 }
 
 /* ---- expert parallelism: each EP rank of DP group 0 writes its part of a sharded checkpoint ---- */
-static int save_checkpoint_parts(const ckpt_part *self, comm *c, int64_t step, const char *dir, double loss, char *err,
-                                 size_t errlen) {
+static int save_checkpoint_parts(const ckpt_part *self, gpu_runtime *rt, comm *c, int64_t step, const char *dir,
+                                 double loss, char *err, size_t errlen) {
   const int me = comm_rank(c), n = comm_size(c);
   struct {
     int32_t ok;
@@ -200,8 +107,8 @@ static int save_checkpoint_parts(const ckpt_part *self, comm *c, int64_t step, c
     return -1;
   }
   hf_view v;
-  int32_t good = hf_view_make(self, 1, &v, 1) == 0;
-  ckpt_contents cc = contents(self->g, &v);
+  int32_t good = hf_view_for_save(self, rt, &v) == 0;
+  ckpt_contents cc = hf_view_contents(self->g, &v);
   if (!good) snprintf(e, sizeof e, "out of host memory (or a parameter missing from this rank's store)");
   else if (ckpt_parts_write(start.tmp, me, n, &cc, e, sizeof e)) good = 0;
   if (!good) fprintf(stderr, "moec: error: --ckpt-dir %s: checkpoint of step %lld, EP rank %d's part: %s\n", dir, (long long)step, me, e);
@@ -311,14 +218,15 @@ typedef struct {
 /* Writes a checkpoint: rank 0 alone, or with ep > 1 the EP group of DP rank 0 (rank < ep),
  * each rank its part (save_checkpoint_parts). With ZeRO-1 every rank first gathers the
  * moments back (and cuts its shards again after), so every rank calls this. */
-static int save_any(const rank_ctx *r, rt_params *ps, int ep, int64_t step, double loss, char *err, size_t errlen) {
+static int save_any(const rank_ctx *r, rt_params *ps, gpu_runtime *rt, int ep, int64_t step, double loss, char *err,
+                    size_t errlen) {
   int zero = r->step_g->cfg.zero && r->comm, rc = 0;
   if (zero && (rc = zero_unshard(ps, r->step_g, r->comm, r->rank, err, errlen)) != 0 && r->rank != 0)
     fprintf(stderr, "moec: error: rank %d: checkpoint of step %lld: %s\n", r->rank, (long long)step, err);
   ckpt_part self = {r->step_g, ps, r->rank > 0};
   if (rc == 0 && r->rank < ep) {
-    if (ep == 1) rc = save_checkpoint(&self, 1, step, r->o->ckpt_dir, loss);
-    else rc = save_checkpoint_parts(&self, comm_get(r->comm, r->rank, COMM_EP), step, r->o->ckpt_dir, loss, err, errlen);
+    if (ep == 1) rc = save_checkpoint(&self, rt, step, r->o->ckpt_dir, loss);
+    else rc = save_checkpoint_parts(&self, rt, comm_get(r->comm, r->rank, COMM_EP), step, r->o->ckpt_dir, loss, err, errlen);
   }
   if (zero) { /* even after a failed write: a retry later must find the shards, not the whole moments */
     char e2[512];
@@ -330,22 +238,24 @@ static int save_any(const rank_ctx *r, rt_params *ps, int ep, int64_t step, doub
   return rc;
 }
 
-/* save_any from a GPU run: the host copies (released between checkpoints) brought back from
- * the device for the write, and released again after it. */
+/* save_any from either executor. A GPU run's tensors are fetched from the device one at a time
+ * as the writer reaches them (hf_view.h); with ZeRO-1 the moment shards are gathered on the
+ * host first, so the host copies (released between checkpoints) come back for the write. */
 static int save_from(executors *ex, const rank_ctx *r, rt_params *ps, int ep, int64_t step, double loss, FILE *msgf,
                      char *err, size_t errlen) {
-  if (ex->rt && rt_params_restore_host(ps) != 0) {
+  const int via_host = ex->rt && r->step_g->cfg.zero && r->comm;
+  if (via_host && rt_params_restore_host(ps) != 0) {
     fprintf(msgf, "moec: error: out of host memory for the checkpoint of step %lld (the weights and moments are "
             "copied to the host to be written)\n", (long long)step);
     return -1;
   }
-  if (ex->rt && gpu_runtime_download(ex->rt, ps, err, errlen) != 0) {
+  if (via_host && gpu_runtime_download(ex->rt, ps, err, errlen) != 0) {
     fprintf(msgf, "moec: error: %s\n", err);
     rt_params_release_host(ps);
     return -1;
   }
-  int rc = save_any(r, ps, ep, step, loss, err, errlen);
-  if (ex->rt) rt_params_release_host(ps);
+  int rc = save_any(r, ps, via_host ? NULL : ex->rt, ep, step, loss, err, errlen);
+  if (via_host) rt_params_release_host(ps);
   return rc;
 }
 

@@ -1,0 +1,41 @@
+/* hf_view.h -- a rank's parameters as a checkpoint sees them (ckpt.h): Hugging Face names and
+ * layouts, moec's [in, out] linear weights as [out, in].
+ *  - For a save, every tensor is fetched when the writer reaches it (ckpt_param.fetch): from the
+ *    host copies, transposing a linear weight on the fly, or straight from the GPU runtime, one
+ *    tensor at a time; no copy of the whole model is made.
+ *  - For a load, the transposed parameters get buffers of their own (ckpt_load fills them),
+ *    copied into place by hf_view_store. */
+#ifndef MOEC_HF_VIEW_H
+#define MOEC_HF_VIEW_H
+
+#include "ckpt.h"
+#include "gpu_exec.h"
+#include "ir.h"
+#include "params.h"
+
+/* The parameters a rank writes or reads: a graph's, or with experts_only its experts alone (an
+ * EP rank other than 0 writes its experts; rank 0 the dense parameters too). */
+typedef struct {
+  const ir_graph *g;
+  rt_params *ps;
+  int experts_only;
+} ckpt_part;
+
+typedef struct hf_src hf_src;
+typedef struct {
+  ckpt_param *cp; /* (n) */
+  hf_src *src;    /* (n) */
+  int n;
+} hf_view;
+
+/* A save's view of part: fetched from rt when not NULL (its weights and whole moments), else
+ * from the host copies. -1 when out of memory or a parameter is missing from part's store. */
+int hf_view_for_save(const ckpt_part *part, gpu_runtime *rt, hf_view *v);
+/* A load's view of part (buffers for the transposed parameters; hf_view_store after the load). */
+int hf_view_for_load(const ckpt_part *part, hf_view *v);
+void hf_view_store(const hf_view *v);
+void hf_view_free(hf_view *v);
+/* The contents for ckpt_save / ckpt_load / ckpt_parts_write: g's config, v's parameters. */
+ckpt_contents hf_view_contents(const ir_graph *g, const hf_view *v);
+
+#endif
