@@ -204,10 +204,11 @@ int cmd_launch(int argc, char **argv) {
     }
     if (p == 0) {
       setpgid(0, 0); /* its own process group: stopping a rank stops what it started */
-      /* a launcher killed outright (SIGKILL: no handler runs) must not leave ranks training and
-         writing checkpoints behind it: they get SIGTERM when it dies (or already did) */
-      if (prctl(PR_SET_PDEATHSIG, SIGTERM) != 0 || getppid() != launcher) _exit(1);
       signal(SIGINT, SIG_DFL), signal(SIGTERM, SIG_DFL), signal(SIGHUP, SIG_DFL);
+      /* a launcher killed outright (SIGKILL: no handler runs) must not leave ranks training and
+         writing checkpoints behind it: they get SIGTERM when it dies (or already did; after the
+         default handlers are back, so that SIGTERM is not the launcher's handler's) */
+      if (prctl(PR_SET_PDEATHSIG, SIGTERM) != 0 || getppid() != launcher) _exit(1);
       dup2(out[1], STDOUT_FILENO), dup2(err[1], STDERR_FILENO);
       close(out[0]), close(out[1]), close(err[0]), close(err[1]);
       for (int k = 0; k < 2 * started; k++) close(st[k].fd);

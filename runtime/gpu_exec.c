@@ -431,8 +431,8 @@ static int exec_REDUCE_SCATTER(gx *x, int id) {
     return fail(x, id, "%lld values in shards of %lld, but the group has %d ranks", (long long)a->numel, (long long)chunk, P);
   gpu_ptr pad = 0;
   const size_t bytes = (size_t)P * (size_t)chunk * 4;
-  if (alloc_out(x, id, chunk, 0) || pool_get(x->rt, bytes ? bytes : 4, &pad) != 0)
-    return pad ? -1 : fail(x, id, "%s", gpu_error(x->rt->g));
+  if (alloc_out(x, id, chunk, 0)) return -1;
+  if (pool_get(x->rt, bytes ? bytes : 4, &pad) != 0) return fail(x, id, "%s", gpu_error(x->rt->g));
   char m[1024];
   int rc = (a->numel && gpu_copy(x->rt->g, pad, a->p, (size_t)a->numel * 4)) ||
                    (bytes > (size_t)a->numel * 4 &&
@@ -930,7 +930,7 @@ static int exec_ADAMW(gx *x, int id) {
   const cg_dtype gt = DT(x, N(id)->in[1]);
   int end = id + 1;
   while (!x->adamw_single && end < x->g->n_nodes && N(end)->op == OP_ADAMW && DT(x, N(end)->in[1]) == gt &&
-         N(end)->in[2] == N(id)->in[2])
+         N(end)->in[2] == N(id)->in[2] && !ir_get_str(N(end), "zero", NULL)) /* a ZeRO shard is adamw_shard's */
     end++;
   for (int a = id + 1; a < end; a++) /* the run's later gradients: the loop waited only for id's */
     for (int k = 0; k < N(a)->n_in; k++)

@@ -74,13 +74,16 @@ start=$SECONDS
 expect_fail "rank 1 of 3 failed with exit status 3" "$MOEC" launch -n 3 -- sh -c 'echo "I am $RANK of $WORLD_SIZE"; [ "$RANK" = 1 ] && { sleep 0.5; exit 3; }; sleep 30'
 [ $((SECONDS - start)) -lt 15 ] || fail "the other ranks were not stopped"
 grep -q '^\[rank 2\] I am 2 of 3$' "$tmp/e.out" || fail "no [rank 2] prefixed line: $(cat "$tmp/e.out")"
-# the launcher killed outright (no handler runs): its ranks must not go on without it
-"$MOEC" launch -n 2 -- sh -c 'echo "rank $RANK up"; exec sleep 299.5' >"$tmp/orphan.out" 2>&1 &
+# the launcher killed outright (no handler runs): its ranks must not go on without it (each
+# rank execs sleep, printing its pid; only those pids are checked and, on a failure, killed)
+"$MOEC" launch -n 2 -- sh -c 'echo "rank $RANK pid $$"; exec sleep 300' >"$tmp/orphan.out" 2>&1 &
 lp=$!
-for _ in $(seq 50); do [ "$(grep -c 'up$' "$tmp/orphan.out")" -ge 2 ] && break; sleep 0.1; done
-[ "$(grep -c 'up$' "$tmp/orphan.out")" -ge 2 ] || fail "the probe ranks did not start: $(cat "$tmp/orphan.out")"
+pids() { sed -n 's/.*rank [0-9]* pid \([0-9]*\)$/\1/p' "$tmp/orphan.out"; }
+for _ in $(seq 50); do [ "$(pids | wc -l)" -ge 2 ] && break; sleep 0.1; done
+if [ "$(pids | wc -l)" -lt 2 ]; then kill -9 $lp; fail "the probe ranks did not start: $(cat "$tmp/orphan.out")"; fi
 kill -9 $lp
 wait $lp 2>/dev/null || true
-for _ in $(seq 50); do pgrep -f 'sleep 299.5' >/dev/null || break; sleep 0.1; done
-if pgrep -f 'sleep 299.5' >/dev/null; then pkill -f 'sleep 299.5'; fail "ranks outlived a killed launcher"; fi
+alive() { for p in $(pids); do kill -0 "$p" 2>/dev/null && echo "$p"; done; }
+for _ in $(seq 50); do [ -z "$(alive)" ] && break; sleep 0.1; done
+if [ -n "$(alive)" ]; then kill -9 $(alive) 2>/dev/null; fail "ranks outlived a killed launcher"; fi
 echo "moec launch: processes match the thread ranks (dp=2, ep=2, ep=2 x dp=2, the same with zero, resume); errors are clear; ranks die with the launcher"

@@ -209,10 +209,15 @@ int main(void) {
   /* ZeRO-1: sharded AdamW moments, the gradients reduce-scattered and the weights all-gathered */
   CHECK(run(host, "", FUSED " --set dp=2 --set zero=true", "dp2z") == 0, "dp=2 zero failed");
   CHECK(run(host, "", FUSED " --set ep=2 --set dp=2 --set zero=true", "ep2dp2z") == 0, "ep=2 x dp=2 zero failed");
-  for (const char *const *t = (const char *const[]){"dp2", "dp2f", "ep2", "ep2dp2", "ep2d", "dp2z", "ep2dp2z", NULL}; *t; t++)
+  /* ep=2 alone: the experts' updates whole (their DP group has one rank), the dense ones sharded,
+     the two kinds adjacent in the AdamW run */
+  CHECK(run(host, "", FUSED " --set ep=2 --set zero=true", "ep2z") == 0, "ep=2 zero failed");
+  for (const char *const *t = (const char *const[]){"dp2", "dp2f", "ep2", "ep2dp2", "ep2d", "dp2z", "ep2dp2z", "ep2z", NULL};
+       *t; t++)
     CHECK(used(*t, "host-staged"), "%s: not through the host-staged transport", *t);
   same_as("onef", "dp2z", 6);
   same_as("onef", "ep2dp2z", 6);
+  same_as("onef", "ep2z", 6);
   same_as("one", "dp2", 6);
   same_as("onef", "dp2f", 6);
   same_as("onef", "ep2", 6);
