@@ -139,6 +139,12 @@ int64_t ir_type_numel_bound(const ir_graph *g, const ir_type *t);
  * name. A ZeRO shard of n values over that group holds ceil(n / size) (ir_shard_len). */
 int64_t ir_group_size(const ir_graph *g, const char *group);
 static inline int64_t ir_shard_len(int64_t n, int64_t size) { return size > 0 ? (n + size - 1) / size : n; }
+/* The values of that tensor in shard `rank` (its first is rank x ir_shard_len): the shard's
+ * length, less past n (0 for a shard wholly past it). */
+static inline int64_t ir_shard_count(int64_t n, int64_t size, int64_t rank) {
+  const int64_t c = ir_shard_len(n, size), left = n - rank * c;
+  return left < 0 ? 0 : left < c ? left : c;
+}
 
 /* A weight: a parameter, its cast (the bf16 compute copy), or a stack of parameter casts (the
  * expert weights of a layer). Values the GPU keeps between steps, at hand the whole step. */

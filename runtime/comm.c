@@ -99,3 +99,14 @@ int comm_reduce_scatter_sum(comm *c, const float *send, int64_t n, float *recv, 
   free(from);
   return rc;
 }
+
+int comm_sum_f64(comm *c, double x, double *sum, char *err, size_t errlen) {
+  double *all = malloc((size_t)c->size * sizeof *all);
+  if (!all) return errf(err, errlen, "comm: out of host memory");
+  int rc = comm_all_gather(c, &x, sizeof x, all, err, errlen);
+  double s = 0;
+  for (int j = 0; rc == 0 && j < c->size; j++) s += all[j];
+  free(all);
+  *sum = s;
+  return rc;
+}

@@ -69,6 +69,9 @@ int comm_all_reduce_sum(comm *c, void *buf, int64_t n, comm_dtype dt, char *err,
  * rank order (the same bits as comm_all_reduce_sum's), zero past n. Each rank receives only
  * its shard from every peer (comm_all_to_all_v), not the whole of n. */
 int comm_reduce_scatter_sum(comm *c, const float *send, int64_t n, float *recv, char *err, size_t errlen);
+/* *sum <- every rank's x summed in double, in group rank order (the same bits on every rank):
+ * the ZeRO gradient norm's squares. */
+int comm_sum_f64(comm *c, double x, double *sum, char *err, size_t errlen);
 /* recv (size * bytes) <- every rank's send (bytes), in rank order. */
 int comm_all_gather(comm *c, const void *send, size_t bytes, void *recv, char *err, size_t errlen);
 /* buf (bytes) <- root's buf. */

@@ -420,7 +420,7 @@ static int exec_ALL_GATHER(ex *x, int id) {
   comm *c = zero_comm(x, id, n, -1);
   if (!c) return -1;
   const int64_t part = ir_shard_len(n, comm_size(c)), lo = (int64_t)comm_rank(c) * part;
-  const int64_t mine = n - lo < part ? (n - lo > 0 ? n - lo : 0) : part;
+  const int64_t mine = ir_shard_count(n, comm_size(c), comm_rank(c));
   float *send = calloc((size_t)part + 1, sizeof *send), *all = malloc(((size_t)part * (size_t)comm_size(c) + 1) * sizeof *all);
   char m[512];
   int rc = !send || !all ? fail(x, id, "out of host memory") : 0;
@@ -753,16 +753,11 @@ static int exec_MXFP8_DEQUANTIZE(ex *x, int id) { return exec_CAST(x, id); }
  * (in double, as ck_grad_norm sums), is the whole gradient's. */
 static int grad_norm_shards(ex *x, int id, double d) {
   if (!x->comm) return fail(x, id, "sharded gradients, but this executor has no communicator");
-  comm *w = comm_get(x->comm, x->rank, COMM_WORLD);
-  double mine = d * d, *all = malloc((size_t)comm_size(w) * sizeof *all);
-  char m[512];
-  if (!all) return fail(x, id, "out of host memory");
-  int rc = comm_all_gather(w, &mine, sizeof mine, all, m, sizeof m) ? fail(x, id, "%s", m) : 0;
   double s = 0;
-  for (int j = 0; rc == 0 && j < comm_size(w); j++) s += all[j];
+  char m[512];
+  if (comm_sum_f64(comm_get(x->comm, x->rank, COMM_WORLD), d * d, &s, m, sizeof m)) return fail(x, id, "%s", m);
   x->grad_norm = sqrt(s);
-  free(all);
-  return rc;
+  return 0;
 }
 
 static int exec_GRAD_NORM(ex *x, int id) {

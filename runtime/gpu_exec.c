@@ -453,7 +453,7 @@ static int exec_ALL_GATHER(gx *x, int id) {
   comm_group grp;
   int P, me;
   if (zero_group(x, id, &grp, &P, &me)) return -1;
-  const int64_t chunk = ir_shard_len(n, P), lo = (int64_t)me * chunk, mine = n - lo < chunk ? (n > lo ? n - lo : 0) : chunk;
+  const int64_t chunk = ir_shard_len(n, P), lo = (int64_t)me * chunk, mine = ir_shard_count(n, P, me);
   gpu_ptr send = 0, recv = 0;
   char m[1024];
   int rc = pool_get(x->rt, (size_t)chunk * 4 + 4, &send) || pool_get(x->rt, (size_t)P * (size_t)chunk * 4 + 4, &recv)
@@ -853,15 +853,10 @@ static int grad_norm_shards(gx *x, int id) {
   char m[1024];
   if (need_comm(x, id)) return -1;
   if (gpu_download(x->rt->g, &d, x->val[id].p, 4)) return fail(x, id, "%s", gpu_error(x->rt->g));
-  comm *w = gpu_comm_host_group(x->comm, COMM_WORLD);
-  double mine = (double)d * d, *all = malloc((size_t)comm_size(w) * sizeof *all), s = 0;
-  if (!all) return fail(x, id, "out of host memory");
-  int rc = comm_all_gather(w, &mine, sizeof mine, all, m, sizeof m) ? fail(x, id, "%s", m) : 0;
-  for (int j = 0; rc == 0 && j < comm_size(w); j++) s += all[j];
-  free(all);
+  double s = 0;
+  if (comm_sum_f64(gpu_comm_host_group(x->comm, COMM_WORLD), (double)d * d, &s, m, sizeof m)) return fail(x, id, "%s", m);
   float gn = (float)sqrt(s);
-  if (rc == 0 && gpu_upload(x->rt->g, x->val[id].p, &gn, 4)) rc = fail(x, id, "%s", gpu_error(x->rt->g));
-  return rc;
+  return gpu_upload(x->rt->g, x->val[id].p, &gn, 4) ? fail(x, id, "%s", gpu_error(x->rt->g)) : 0;
 }
 
 static int exec_GRAD_NORM(gx *x, int id) {

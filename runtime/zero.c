@@ -28,8 +28,7 @@ int zero_shard(rt_params *ps, const ir_graph *step, comm_world *w, int rank, cha
     if (want != chunk)
       return errf(err, errlen, "zero: %s: the step graph's shard has %lld values, its %s group of %d ranks %lld", p->name,
                   (long long)want, comm_group_name(grp), comm_size(c), (long long)chunk);
-    int64_t mn = p->numel - lo < chunk ? p->numel - lo : chunk;
-    if (mn < 0) mn = 0;
+    const int64_t mn = ir_shard_count(p->numel, comm_size(c), comm_rank(c));
     float *m = malloc(((size_t)mn + 1) * sizeof *m), *v = malloc(((size_t)mn + 1) * sizeof *v);
     if (!m || !v) {
       free(m);
