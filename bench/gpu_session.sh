@@ -45,6 +45,8 @@
 #   fp8tilegn  fp8tile with MOEC_GATHER=1 (the FP8 quantizes gather the permuted rows instead of
 #            the expert permutes writing xs and dy; opt-in until run on a GPU), reusing fp8tile's
 #            peer                                                                        [100 s]
+#   gnab     fp8tile's moec run (no peer) with MOEC_GATHER=1 and without, twice in turn: tok/s and
+#            step-1 loss of each, for the switch alone when device time is short       [200 s]
 #   fp8tilecp  fp8tile with MOEC_SQUARES=0 (the expert weights kept as bf16 copies and quantized
 #            each step instead of AdamW writing their squares), reusing fp8tile's peer   [100 s]
 #   fp8tilembcp  fp8tilemb with MOEC_SQUARES=0 (bf16 moments, the copies quantized each step) [100 s]
@@ -234,6 +236,16 @@ for part in "${parts[@]}"; do
   fp8tilegn)
     peer_from "$L/fp8tile" "$L/$part"
     bench LOGDIR=$L/$part PEER_SKIP=1 MOEC_GATHER=1 PRECISION='mxfp8(block=128,weight_tile=128)' MOEC_ARGS=$FUSED_MX timeout 150 bash bench/run_bench.sh genos_1b ;;
+  gnab)
+    i=0
+    for g in 1 0 1 0; do
+      i=$((i + 1)) && t=gnab$i-$g
+      MOEC_GATHER=$g timeout $([ $i = 1 ] && echo 120 || echo 60) "$C/moec" train models/genos_1b.moe --device cuda --set 'precision=mxfp8(block=128,weight_tile=128)' \
+        --steps "${STEPS:-8}" --set val_every=0 --val-batches 1 --data data/chr20_slice.fa.gz --log "$L/$t.jsonl" $FUSED_MX \
+        >"$L/$t.out" 2>&1
+      echo "MOEC_GATHER=$g rc $?: $(grep '"step"' "$L/$t.jsonl" | awk -F'"tokens_per_s":' 'NR > 3 {split($2, a, "}"); s += a[1]; n++}
+        END {if (n) printf "%.0f tok/s (steps 4..)", s / n}'), step 1: $(grep -m1 '"step"' "$L/$t.jsonl" | grep -o '"loss":[0-9.]*\|"grad_norm":[0-9.]*' | tr '\n' ' ')"
+    done ;;
   fp8tilecp)
     peer_from "$L/fp8tile" "$L/$part"
     bench LOGDIR=$L/$part PEER_SKIP=1 MOEC_SQUARES=0 PRECISION='mxfp8(block=128,weight_tile=128)' MOEC_ARGS=$FUSED_MX timeout 150 bash bench/run_bench.sh genos_1b ;;
