@@ -294,6 +294,11 @@ static int validate_contents(const ckpt_contents *c, int saving, char *err, size
         seterr(err, errlen, "checkpoint: parameter '%s': negative dimension", p->name);
         return -1;
       }
+    if (p->shard_n < 0 || p->shard_lo < 0 || p->shard_lo + p->shard_n > numel_of(p) || (p->shard_t && p->ndim != 2)) {
+      seterr(err, errlen, "checkpoint: parameter '%s': shard [%lld, +%lld) outside its %lld values (or transposed and "
+             "not 2-D)", p->name, (long long)p->shard_lo, (long long)p->shard_n, (long long)numel_of(p));
+      return -1;
+    }
     for (size_t j = 0; j < i; j++)
       if (!strcmp(c->params[j].name, p->name)) {
         seterr(err, errlen, "checkpoint: parameter name '%s' appears twice", p->name);
@@ -327,10 +332,14 @@ typedef struct {
   int which; /* 0 weight, 1 exp_avg, 2 exp_avg_sq */
 } fetch_job;
 
+/* The values a save writes of tensor `which` of p: a ZeRO shard's, or all. */
+static int64_t values_written(const ckpt_param *p, int which) { return which && p->shard_n > 0 ? p->shard_n : numel_of(p); }
+
 static int produce_fetched(void *ctx, void *dst, uint64_t bytes, char *err, size_t errlen) {
   const fetch_job *j = ctx;
-  if (bytes != (uint64_t)numel_of(j->p) * 4) {
-    seterr(err, errlen, "%llu bytes asked for %lld values", (unsigned long long)bytes, (long long)numel_of(j->p));
+  const int64_t n = values_written(j->p, j->which);
+  if (bytes != (uint64_t)n * 4) {
+    seterr(err, errlen, "%llu bytes asked for %lld values", (unsigned long long)bytes, (long long)n);
     return -1;
   }
   return j->p->fetch(j->p->fetch_ctx, j->which, dst, err, errlen);
@@ -360,20 +369,23 @@ static int write_tensors(const char *path, const ckpt_contents *c, int which, ch
         data = NULL;
       }
       if (which) {
-        size_t len = strlen(p->name) + 16;
+        size_t len = strlen(p->name) + 48;
         names[n] = malloc(len);
         if (!names[n]) {
           seterr(err, errlen, "%s: out of memory", path);
           goto out;
         }
-        snprintf(names[n], len, "%s.%s", p->name, k ? "exp_avg_sq" : "exp_avg");
+        int at = snprintf(names[n], len, "%s.%s", p->name, k ? "exp_avg_sq" : "exp_avg");
+        if (p->shard_n > 0) /* ZeRO: this rank's values, named by where they start (ckpt.h) */
+          snprintf(names[n] + at, len - (size_t)at, ".shard%s.%lld", p->shard_t ? "_t" : "", (long long)p->shard_lo);
         s->name = names[n];
       } else {
         s->name = p->name;
       }
       s->dtype = ST_F32;
-      s->ndim = p->ndim;
+      s->ndim = which && p->shard_n > 0 ? 1 : p->ndim;
       memcpy(s->shape, p->shape, sizeof s->shape);
+      if (which && p->shard_n > 0) s->shape[0] = p->shard_n;
       s->data = data;
       n++;
     }
@@ -652,36 +664,36 @@ int ckpt_parts_begin(const char *dir, int64_t step, char *tmp_out, size_t len, c
   return 0;
 }
 
-int ckpt_parts_write(const char *tmp, int k, int n, const ckpt_contents *c, char *err, size_t errlen) {
+int ckpt_parts_write(const char *tmp, const char *kind, int k, int n, const ckpt_contents *c, char *err, size_t errlen) {
   char file[PATHMAX + 128], part[96], inner[1024] = "";
   ckpt_contents params_only = *c; /* a part: no state keys to check */
   params_only.n_state = 0;
   if (validate_contents(&params_only, 1, err, errlen) != 0) return -1;
-  if (k < 0 || k >= n) {
-    seterr(err, errlen, "checkpoint: part %d of %d", k, n);
+  const int which = !strcmp(kind, "optimizer");
+  if (k < 0 || k >= n || (!which && strcmp(kind, "model"))) {
+    seterr(err, errlen, "checkpoint: part %d of %d of '%s'", k, n, kind);
     return -1;
   }
-  for (int which = 0; which < 2; which++) {
-    ckpt_part_name(part, sizeof part, which ? "optimizer" : "model", k, n);
-    snprintf(file, sizeof file, "%s/%s", tmp, part);
-    if (write_tensors(file, c, which, inner, sizeof inner) != 0) {
-      seterr(err, errlen, "checkpoint part %s not written: %s", part, inner);
-      return -1;
-    }
+  if (n == 1) snprintf(part, sizeof part, "%s.safetensors", kind);
+  else ckpt_part_name(part, sizeof part, kind, k, n);
+  snprintf(file, sizeof file, "%s/%s", tmp, part);
+  if (write_tensors(file, c, which, inner, sizeof inner) != 0) {
+    seterr(err, errlen, "checkpoint part %s not written: %s", part, inner);
+    return -1;
   }
   return 0;
 }
 
-int ckpt_parts_finish(const char *dir, int64_t step, const char *tmp, int n, const ckpt_contents *c, char *err,
-                      size_t errlen) {
+int ckpt_parts_finish(const char *dir, int64_t step, const char *tmp, int n_model, int n_opt, const ckpt_contents *c,
+                      char *err, size_t errlen) {
   char inner[1024] = "";
   save_ctx s;
   if (err && errlen) err[0] = 0;
   if (save_init(&s, dir, step, tmp, err, errlen) != 0) return -1;
   const char *stage = "model.safetensors.index.json";
-  if (ckpt_write_index(tmp, "model", n, inner, sizeof inner) != 0) goto fail;
+  if (n_model > 1 && ckpt_write_index(tmp, "model", n_model, inner, sizeof inner) != 0) goto fail;
   stage = "optimizer.safetensors.index.json";
-  if (ckpt_write_index(tmp, "optimizer", n, inner, sizeof inner) != 0) goto fail;
+  if (n_opt > 1 && ckpt_write_index(tmp, "optimizer", n_opt, inner, sizeof inner) != 0) goto fail;
   if (save_meta(&s, step, c, &stage, inner, sizeof inner) != 0) goto fail;
   return save_place(&s, dir, step, c->keep, err, errlen);
 fail:
@@ -781,6 +793,19 @@ static int check_tensor_set(const ckpt_tset *t, const ckpt_contents *c, int mome
       snprintf(nm, sizeof nm, "%s%s", p->name, moments ? (k ? ".exp_avg_sq" : ".exp_avg") : "");
       const st_view *v = ckpt_tset_find(t, nm, NULL);
       char a[160], b[160];
+      size_t shards;
+      int order, r = moments && !v ? ckpt_tset_shards(t, nm, numel_of(p), &shards, &order, err, errlen) : 1;
+      if (r < 0) return -1;
+      if (r == 0 && order != p->shard_t) {
+        seterr(err, errlen, "%s: the ZeRO shards of '%s' are in the order of %s, but this model holds it as %s: a "
+               "checkpoint of a different model?", file, nm, order ? "its transpose" : "its shape",
+               p->shard_t ? "the transpose" : "shaped");
+        return -1;
+      }
+      if (r == 0) {
+        expected += shards;
+        continue;
+      }
       if (!v) {
         seterr(err, errlen, "%s: no tensor '%s', which %s needs: this checkpoint was written for "
                "a different model (compare its config.json with the .moe file)", file, nm, what);
@@ -809,9 +834,13 @@ static int check_tensor_set(const ckpt_tset *t, const ckpt_contents *c, int mome
       for (size_t j = 0; j < c->n_params && !found; j++) {
         const ckpt_param *p = &c->params[j];
         size_t L = strlen(p->name);
+        int64_t lo;
+        int tr;
+        const size_t M = moments ? ckpt_shard_name(nm, &lo, &tr) : 0;
+        const size_t end = M ? M : strlen(nm); /* the moment's name: a shard's prefix, or all of nm */
         if (!moments) found = !strcmp(nm, p->name);
-        else if (p->m && !strncmp(nm, p->name, L))
-          found = !strcmp(nm + L, ".exp_avg") || !strcmp(nm + L, ".exp_avg_sq");
+        else if (p->m && end > L && !strncmp(nm, p->name, L))
+          found = (end - L == 8 && !strncmp(nm + L, ".exp_avg", 8)) || (end - L == 11 && !strncmp(nm + L, ".exp_avg_sq", 11));
       }
       if (!found) {
         seterr(err, errlen, "%s: unexpected tensor '%s', which %s does not have: this checkpoint "
@@ -819,6 +848,11 @@ static int check_tensor_set(const ckpt_tset *t, const ckpt_contents *c, int mome
         return -1;
       }
     }
+  if (!c->subset) { /* each expected name once, nothing else: then some moment is whole and in shards too */
+    seterr(err, errlen, "%s: holds %zu tensors, %zu expected: some moment both whole and in ZeRO shards? (parts of "
+           "different checkpoints mixed)", file, ckpt_tset_count(t), expected);
+    return -1;
+  }
   return 0;
 }
 
@@ -917,12 +951,10 @@ int ckpt_load(const char *path, const ckpt_contents *c, ckpt_state *state, char 
     ckpt_tset_find(&model, p->name, &f);
     if (st_get_f32(f, p->name, p->w, n, err, errlen) != 0) goto out;
     if (!p->m) continue;
-    snprintf(nm, sizeof nm, "%s.exp_avg", p->name);
-    ckpt_tset_find(&opt, nm, &f);
-    if (st_get_f32(f, nm, p->m, n, err, errlen) != 0) goto out;
+    snprintf(nm, sizeof nm, "%s.exp_avg", p->name); /* whole, or its ZeRO shards assembled */
+    if (ckpt_tset_read_moment(&opt, nm, p->ndim, p->shape, p->m, err, errlen) != 0) goto out;
     snprintf(nm, sizeof nm, "%s.exp_avg_sq", p->name);
-    ckpt_tset_find(&opt, nm, &f);
-    if (st_get_f32(f, nm, p->v, n, err, errlen) != 0) goto out;
+    if (ckpt_tset_read_moment(&opt, nm, p->ndim, p->shape, p->v, err, errlen) != 0) goto out;
   }
   if (state) {
     state->step = sj->i;

@@ -16,6 +16,16 @@
  * {"total_size": bytes}, "weight_map": {name: part}}); optimizer-*-of-* and
  * optimizer.safetensors.index.json likewise. ckpt_load reads either layout.
  *
+ * ZeRO-1 (runtime/zero.h): every rank writes an optimizer part of its own, holding its shards
+ * of the moments it updates in shards, 1-D:
+ *       "<param>.exp_avg.shard.<lo>"    values [lo, lo + n) of the moment flattened in the
+ *                                       parameter's (HF) shape's order, n the tensor's length
+ *       "<param>.exp_avg.shard_t.<lo>"  the same in the order of the shape's transpose (moec
+ *                                       holds linear weights as [in, out])
+ * (exp_avg_sq likewise); a moment's shards cover it exactly once. No rank holds a whole
+ * moment to write it, and ckpt_load assembles whole moments from any shards, so a checkpoint
+ * moves between zero and not, and across world sizes.
+ *
  * ckpt_save writes everything into the .tmp- directory (each file fsynced), fsyncs it,
  * renames it to step-N (atomically exchanging with an existing step-N), fsyncs DIR, replaces
  * DIR/latest atomically (temporary file, fsync, rename, fsync DIR), and only then deletes
@@ -52,6 +62,12 @@ typedef struct {
   int (*fetch)(void *ctx, int which, float *dst, char *err, size_t errlen);
   void *fetch_ctx;
   int has_moments;
+  /* ZeRO-1 (above). Save: shard_n > 0 writes moment values [shard_lo, shard_lo + shard_n) as
+   * shards, m and v (fetch 1 and 2) then holding those values alone, in the shape's order or,
+   * with shard_t, its transpose's. Load: whole moments, from whole tensors or from shards,
+   * which must be in the order shard_t names. */
+  int64_t shard_lo, shard_n;
+  int shard_t;
 } ckpt_param;
 
 typedef enum { CKPT_INT, CKPT_F64, CKPT_STR } ckpt_kind;
@@ -88,16 +104,18 @@ int ckpt_save(const char *dir, int64_t step, const ckpt_contents *c, char *err, 
 /* A sharded save, by several writers (one process or many, on a shared file system):
  *   rank 0:       ckpt_parts_begin(dir, step, tmp, len): DIR made, a fresh temporary directory
  *                 (its path into tmp, to hand to the writers)
- *   writer k:     ckpt_parts_write(tmp, k, n, c): c's parameters and moments as part k of n,
- *                 each file fsynced
- *   rank 0, once every writer succeeded: ckpt_parts_finish(dir, step, tmp, n, c) (c: config and
- *                 state only; its params are not read): the two indexes, config.json and
- *                 state.json, then into place as ckpt_save does; otherwise ckpt_parts_abandon.
+ *   writer k:     ckpt_parts_write(tmp, kind, k, n, c): c's parameters ("model") or their
+ *                 moments ("optimizer") as part k of n of that kind (n = 1: the one file
+ *                 KIND.safetensors), fsynced; the kinds may have different writers
+ *   rank 0, once every writer succeeded: ckpt_parts_finish(dir, step, tmp, n_model, n_opt, c)
+ *                 (c: config and state only; its params are not read): the indexes of the
+ *                 kinds in parts, config.json and state.json, then into place as ckpt_save
+ *                 does; otherwise ckpt_parts_abandon.
  * The crash safety is ckpt_save's: `latest` names only a complete checkpoint. */
 int ckpt_parts_begin(const char *dir, int64_t step, char *tmp, size_t len, char *err, size_t errlen);
-int ckpt_parts_write(const char *tmp, int k, int n, const ckpt_contents *c, char *err, size_t errlen);
-int ckpt_parts_finish(const char *dir, int64_t step, const char *tmp, int n, const ckpt_contents *c, char *err,
-                      size_t errlen);
+int ckpt_parts_write(const char *tmp, const char *kind, int k, int n, const ckpt_contents *c, char *err, size_t errlen);
+int ckpt_parts_finish(const char *dir, int64_t step, const char *tmp, int n_model, int n_opt, const ckpt_contents *c,
+                      char *err, size_t errlen);
 void ckpt_parts_abandon(const char *tmp);
 
 /* The checkpoint DIR/latest names: 1 found (path_out = "DIR/step-...", *step_out = S),
@@ -117,9 +135,10 @@ typedef struct {
 /* Loads the checkpoint directory path (a step-* directory) into c->params[i].w/m/v, checking
  * first that all four files exist and parse, that model.safetensors holds exactly the
  * parameters of c (names, shapes; F32, or BF16/F16 converted; with c->subset, others only if named so),
- * that optimizer.safetensors holds exactly (at least) their moments, either file possibly
- * sharded (above), that config.json describes the same model sizes as c->config,
- * and that state.json's step matches the directory's name. Nothing is written to the
+ * that optimizer.safetensors holds exactly (at least) their moments, whole or as ZeRO shards
+ * covering each exactly once, either file possibly in parts (above), that config.json
+ * describes the same model sizes as c->config, and that state.json's step matches the
+ * directory's name. Nothing is written to the
  * buffers unless all of that holds. state may be NULL; otherwise free it with
  * ckpt_state_free. Returns 0 or -1. */
 int ckpt_load(const char *path, const ckpt_contents *c, ckpt_state *state, char *err,

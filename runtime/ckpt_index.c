@@ -99,6 +99,122 @@ void ckpt_tset_close(ckpt_tset *t) {
   memset(t, 0, sizeof *t);
 }
 
+/* ---- ZeRO moment shards (ckpt.h) ---- */
+
+size_t ckpt_shard_name(const char *name, int64_t *lo, int *t) {
+  const char *dot = strrchr(name, '.');
+  if (!dot || !dot[1]) return 0;
+  int64_t v = 0;
+  for (const char *c = dot + 1; *c; c++) {
+    if (*c < '0' || *c > '9' || v > (INT64_MAX - 9) / 10) return 0;
+    v = v * 10 + (*c - '0');
+  }
+  const size_t L = (size_t)(dot - name);
+  for (int tr = 0; tr < 2; tr++) {
+    const char *suf = tr ? ".shard_t" : ".shard";
+    const size_t S = strlen(suf);
+    if (L > S && !memcmp(name + L - S, suf, S)) {
+      *lo = v, *t = tr;
+      return L - S;
+    }
+  }
+  return 0;
+}
+
+typedef struct {
+  const st_view *v;
+  const st_file *f;
+  int64_t lo;
+  int t;
+} shard_ref;
+
+static int by_lo(const void *a, const void *b) {
+  const shard_ref *x = a, *y = b;
+  return (x->lo > y->lo) - (x->lo < y->lo);
+}
+
+/* Moment name's shards in t, sorted by lo, into a malloc'd *out (*n of them). */
+static int find_shards(const ckpt_tset *t, const char *name, shard_ref **out, size_t *n, char *err, size_t errlen) {
+  const size_t L = strlen(name);
+  size_t cap = 0;
+  *out = NULL, *n = 0;
+  for (size_t k = 0; k < t->n; k++)
+    for (size_t i = 0; i < st_count(t->files[k]); i++) {
+      const st_view *v = st_at(t->files[k], i);
+      int64_t lo;
+      int tr;
+      if (ckpt_shard_name(v->name, &lo, &tr) != L || memcmp(v->name, name, L)) continue;
+      if (*n == cap) {
+        shard_ref *g = realloc(*out, (cap = cap ? 2 * cap : 8) * sizeof *g);
+        if (!g) return errf(err, errlen, "%s: out of memory", t->label);
+        *out = g;
+      }
+      (*out)[(*n)++] = (shard_ref){v, t->files[k], lo, tr};
+    }
+  if (*n) qsort(*out, *n, sizeof **out, by_lo);
+  return 0;
+}
+
+/* Shards that tile [0, numel) in one order; -1 with err set otherwise. */
+static int check_tiling(const ckpt_tset *t, const char *name, const shard_ref *s, size_t n, int64_t numel, char *err,
+                        size_t errlen) {
+  int64_t at = 0;
+  for (size_t i = 0; i < n; i++) {
+    if (s[i].v->ndim != 1 || (s[i].v->dtype != ST_F32 && s[i].v->dtype != ST_BF16 && s[i].v->dtype != ST_F16))
+      return errf(err, errlen, "%s: shard '%s' is not a 1-D F32 (or BF16/F16) tensor", t->label, s[i].v->name);
+    if (s[i].t != s[0].t)
+      return errf(err, errlen, "%s: the shards of '%s' mix orders (.shard and .shard_t): parts of different checkpoints mixed?",
+                  t->label, name);
+    if (s[i].lo != at)
+      return errf(err, errlen, "%s: the shards of '%s' %s at value %lld (shard '%s'): parts missing, or of different "
+                  "checkpoints mixed?", t->label, name, s[i].lo > at ? "leave a gap" : "overlap", (long long)at,
+                  s[i].v->name);
+    at += s[i].v->numel;
+  }
+  if (at != numel)
+    return errf(err, errlen, "%s: the shards of '%s' hold %lld values but the model's tensor has %lld: a part missing, "
+                "or a checkpoint of a different model?", t->label, name, (long long)at, (long long)numel);
+  return 0;
+}
+
+int ckpt_tset_shards(const ckpt_tset *t, const char *name, int64_t numel, size_t *count, int *order, char *err,
+                     size_t errlen) {
+  shard_ref *s;
+  size_t n;
+  if (find_shards(t, name, &s, &n, err, errlen)) return -1;
+  int rc = n == 0 ? 1 : check_tiling(t, name, s, n, numel, err, errlen);
+  if (rc == 0) *count = n, *order = s[0].t;
+  free(s);
+  return rc;
+}
+
+static void transpose_into(const float *src, float *dst, int64_t rows, int64_t cols) {
+  for (int64_t r = 0; r < rows; r++)
+    for (int64_t c = 0; c < cols; c++) dst[c * rows + r] = src[r * cols + c];
+}
+
+int ckpt_tset_read_moment(const ckpt_tset *t, const char *name, int ndim, const int64_t *shape, float *dst, char *err,
+                          size_t errlen) {
+  int64_t numel = 1;
+  for (int d = 0; d < ndim; d++) numel *= shape[d];
+  const st_file *f;
+  if (ckpt_tset_find(t, name, &f)) return st_get_f32(f, name, dst, numel, err, errlen);
+  shard_ref *s;
+  size_t n;
+  if (find_shards(t, name, &s, &n, err, errlen)) return -1;
+  int rc = n == 0 ? errf(err, errlen, "%s: no tensor '%s', whole or in shards", t->label, name)
+                  : check_tiling(t, name, s, n, numel, err, errlen);
+  const int tr = rc == 0 && s[0].t;
+  if (tr && ndim != 2) rc = errf(err, errlen, "%s: '%s' has transposed shards but is not 2-D", t->label, name);
+  float *buf = tr && rc == 0 ? malloc((size_t)numel * sizeof *buf + 1) : dst; /* [shape[1], shape[0]] */
+  if (!buf) rc = errf(err, errlen, "out of host memory reading the shards of '%s'", name);
+  for (size_t i = 0; rc == 0 && i < n; i++) rc = st_get_f32(s[i].f, s[i].v->name, buf + s[i].lo, s[i].v->numel, err, errlen);
+  if (rc == 0 && tr) transpose_into(buf, dst, shape[1], shape[0]);
+  if (tr) free(buf);
+  free(s);
+  return rc;
+}
+
 int ckpt_write_index(const char *tmp, const char *kind, int n, char *err, size_t errlen) {
   char path[4200], part[96];
   sbuf map = {0};

@@ -29,6 +29,19 @@ const st_view *ckpt_tset_find(const ckpt_tset *t, const char *name, const st_fil
 size_t ckpt_tset_count(const ckpt_tset *t);
 void ckpt_tset_close(ckpt_tset *t);
 
+/* A ZeRO moment shard's name (ckpt.h), "<moment>.shard.<lo>" or "<moment>.shard_t.<lo>": the
+ * length of its "<moment>" prefix, with *lo and *t (transposed order) set; 0 for other names. */
+size_t ckpt_shard_name(const char *name, int64_t *lo, int *t);
+/* Moment `name` ("<param>.exp_avg") as shards in t: 0 when its shards (*count of them, in the
+ * order *t says) cover numel values exactly once, 1 when it has none, -1 with err set when
+ * they overlap, leave a gap, are not 1-D F32/BF16/F16, or mix orders. */
+int ckpt_tset_shards(const ckpt_tset *t, const char *name, int64_t numel, size_t *count, int *order, char *err,
+                     size_t errlen);
+/* Moment `name` whole, into dst (numel of shape, in shape's order): the tensor of that name, or
+ * its shards assembled (shard_t ones transposed back). 0, or -1 with err set. */
+int ckpt_tset_read_moment(const ckpt_tset *t, const char *name, int ndim, const int64_t *shape, float *dst, char *err,
+                          size_t errlen);
+
 /* Writes tmp/KIND.safetensors.index.json for the n parts already in tmp, from their headers:
  * {"metadata": {"total_size": bytes of tensor data}, "weight_map": {name: part file}}. */
 int ckpt_write_index(const char *tmp, const char *kind, int n, char *err, size_t errlen);

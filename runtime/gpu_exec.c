@@ -151,7 +151,6 @@ int gpu_runtime_fetch(gpu_runtime *rt, int i, int which, float *dst, char *err, 
   const rt_param *p = &rt->ps->p[i];
   if (which == 0)
     return gpu_download(rt->g, dst, rt->dp[i].w, (size_t)p->numel * 4) ? errf(err, errlen, "%s", gpu_error(rt->g)) : 0;
-  if (p->mn != p->numel) return errf(err, errlen, "%s: the device holds a ZeRO shard of its moments", p->name);
   int rc = moment_move(rt, 0, which == 1 ? rt->dp[i].m : rt->dp[i].v, dst, p->mn);
   return rc == -2 ? errf(err, errlen, "out of host memory for the bf16 moments") : rc ? errf(err, errlen, "%s", gpu_error(rt->g)) : 0;
 }

@@ -27,8 +27,8 @@ void gpu_runtime_free(gpu_runtime *rt);
 /* Copies the device's weights and moments into ps (for checkpoints), or ps into the device. */
 int gpu_runtime_download(gpu_runtime *rt, rt_params *ps, char *err, size_t errlen);
 /* One tensor of parameter i (its index in the store) into dst: the f32 weight (which 0,
- * numel values) or a whole AdamW moment (1: m, 2: v; widened from bf16 where stored so). -1
- * with err set on a GPU error, or for a ZeRO shard (not the whole moment). */
+ * numel values) or the AdamW moment values the device holds (1: m, 2: v; mn values, a ZeRO
+ * shard or whole; widened from bf16 where stored so). -1 with err set on a GPU error. */
 int gpu_runtime_fetch(gpu_runtime *rt, int i, int which, float *dst, char *err, size_t errlen);
 int gpu_runtime_upload(gpu_runtime *rt, const rt_params *ps, char *err, size_t errlen);
 /* "NVIDIA H200 (sm_90a)" */

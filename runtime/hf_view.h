@@ -14,11 +14,12 @@
 #include "params.h"
 
 /* The parameters a rank writes or reads: a graph's, or with experts_only its experts alone (an
- * EP rank other than 0 writes its experts; rank 0 the dense parameters too). */
+ * EP rank other than 0 writes its experts; rank 0 the dense parameters too), or with
+ * shards_only none whole (a ZeRO rank outside DP group 0 writes only its moment shards). */
 typedef struct {
   const ir_graph *g;
   rt_params *ps;
-  int experts_only;
+  int experts_only, shards_only;
 } ckpt_part;
 
 typedef struct hf_src hf_src;
@@ -28,9 +29,12 @@ typedef struct {
   int n;
 } hf_view;
 
-/* A save's view of part: fetched from rt when not NULL (its weights and whole moments), else
- * from the host copies. -1 when out of memory or a parameter is missing from part's store. */
+/* A save's view of part: fetched from rt when not NULL, else from the host copies; the moments
+ * whole, or a ZeRO-sharded parameter's shard (ckpt_param.shard_n). -1 when out of memory or a
+ * parameter is missing from part's store. */
 int hf_view_for_save(const ckpt_part *part, gpu_runtime *rt, hf_view *v);
+/* The same for the optimizer part: part's parameters and every ZeRO-sharded one of the graph. */
+int hf_view_for_save_moments(const ckpt_part *part, gpu_runtime *rt, hf_view *v);
 /* A load's view of part (buffers for the transposed parameters; hf_view_store after the load). */
 int hf_view_for_load(const ckpt_part *part, hf_view *v);
 void hf_view_store(const hf_view *v);

@@ -83,20 +83,6 @@ void rt_params_release_host(rt_params *ps) {
   }
 }
 
-int rt_params_restore_host(rt_params *ps) {
-  for (int i = 0; i < ps->n; i++) {
-    rt_param *p = &ps->p[i];
-    if (!p->w) p->w = malloc(((size_t)p->numel + 1) * sizeof(float));
-    if (!p->m) p->m = malloc(((size_t)p->mn + 1) * sizeof(float));
-    if (!p->v) p->v = malloc(((size_t)p->mn + 1) * sizeof(float));
-    if (!p->w || !p->m || !p->v) {
-      rt_params_release_host(ps);
-      return -1;
-    }
-  }
-  return 0;
-}
-
 rt_param *rt_params_find(rt_params *ps, const char *name) {
   for (int i = 0; i < ps->n; i++)
     if (ps->p[i].name && strcmp(ps->p[i].name, name) == 0) return &ps->p[i];

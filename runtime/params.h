@@ -30,11 +30,9 @@ typedef struct {
 rt_params *rt_params_new(const ir_graph *g, uint64_t seed);
 void rt_params_free(rt_params *ps);
 rt_param *rt_params_find(rt_params *ps, const char *name);
-/* A GPU run needs the host copies only to upload them and to write checkpoints: release frees
- * every w, m and v (NULL), restore allocates them again (numel weights, mn moments; contents
- * undefined until a download). restore: 0, or -1 when out of host memory (released again). */
+/* A GPU run needs the host copies only to upload them (checkpoints fetch a tensor at a time
+ * from the device): release frees every w, m and v (NULL). */
 void rt_params_release_host(rt_params *ps);
-int rt_params_restore_host(rt_params *ps);
 int64_t rt_params_numel(const rt_params *ps);
 
 #endif

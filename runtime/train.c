@@ -89,9 +89,11 @@ static int load_checkpoint(const ckpt_part *self, rt_params *ps, int subset, con
   return rc;
 }
 
-/* ---- expert parallelism: each EP rank of DP group 0 writes its part of a sharded checkpoint ---- */
-static int save_checkpoint_parts(const ckpt_part *self, gpu_runtime *rt, comm *c, int64_t step, const char *dir,
-                                 double loss, char *err, size_t errlen) {
+/* ---- a checkpoint in parts: each EP rank of DP group 0 writes its part of the model (n_model
+ * of them), and every rank of c its part of the optimizer state (its moments: whole ones as
+ * self says, and with ZeRO-1 its shards). c: the EP group, or with ZeRO the world. ---- */
+static int save_checkpoint_parts(const ckpt_part *self, gpu_runtime *rt, comm *c, int n_model, int64_t step,
+                                 const char *dir, double loss, char *err, size_t errlen) {
   const int me = comm_rank(c), n = comm_size(c);
   struct {
     int32_t ok;
@@ -106,12 +108,13 @@ static int save_checkpoint_parts(const ckpt_part *self, gpu_runtime *rt, comm *c
     if (me == 0) fprintf(stderr, "moec: error: --ckpt-dir %s: checkpoint of step %lld not written: %s\n", dir, (long long)step, e);
     return -1;
   }
-  hf_view v;
-  int32_t good = hf_view_for_save(self, rt, &v) == 0;
-  ckpt_contents cc = hf_view_contents(self->g, &v);
+  hf_view v, vm;
+  int32_t good = hf_view_for_save(self, rt, &v) == 0 && hf_view_for_save_moments(self, rt, &vm) == 0;
+  ckpt_contents cc = hf_view_contents(self->g, &v), cm = hf_view_contents(self->g, &vm);
   if (!good) snprintf(e, sizeof e, "out of host memory (or a parameter missing from this rank's store)");
-  else if (ckpt_parts_write(start.tmp, me, n, &cc, e, sizeof e)) good = 0;
-  if (!good) fprintf(stderr, "moec: error: --ckpt-dir %s: checkpoint of step %lld, EP rank %d's part: %s\n", dir, (long long)step, me, e);
+  else if (me < n_model && ckpt_parts_write(start.tmp, "model", me, n_model, &cc, e, sizeof e)) good = 0;
+  else if (ckpt_parts_write(start.tmp, "optimizer", me, n, &cm, e, sizeof e)) good = 0;
+  if (!good) fprintf(stderr, "moec: error: --ckpt-dir %s: checkpoint of step %lld, rank %d's part: %s\n", dir, (long long)step, me, e);
   int32_t all = good;
   int rc = comm_all_reduce_sum(c, &all, 1, COMM_I32, err, errlen);
   if (rc != 0 && me == 0) ckpt_parts_abandon(start.tmp); /* the writers' outcome unknown: nothing is placed */
@@ -121,9 +124,9 @@ static int save_checkpoint_parts(const ckpt_part *self, gpu_runtime *rt, comm *c
     cc.n_state = 2;
     if (all != n) {
       ckpt_parts_abandon(start.tmp);
-      fprintf(stderr, "moec: error: --ckpt-dir %s: checkpoint of step %lld not written: %d of %d EP ranks could not write "
+      fprintf(stderr, "moec: error: --ckpt-dir %s: checkpoint of step %lld not written: %d of %d ranks could not write "
               "their parts (above)\n", dir, (long long)step, n - all, n);
-    } else if (ckpt_parts_finish(dir, step, start.tmp, n, &cc, e, sizeof e)) {
+    } else if (ckpt_parts_finish(dir, step, start.tmp, n_model, n, &cc, e, sizeof e)) {
       fprintf(stderr, "moec: error: --ckpt-dir %s: checkpoint of step %lld not written: %s\n", dir, (long long)step, e);
       rc = -1;
     } else if (e[0]) {
@@ -131,7 +134,8 @@ static int save_checkpoint_parts(const ckpt_part *self, gpu_runtime *rt, comm *c
     }
   }
   hf_view_free(&v);
-  if (rc == 0 && all != n) rc = -1, snprintf(err, errlen, "checkpoint of step %lld: %d of %d EP ranks failed to write their parts", (long long)step, n - all, n);
+  hf_view_free(&vm);
+  if (rc == 0 && all != n) rc = -1, snprintf(err, errlen, "checkpoint of step %lld: %d of %d ranks failed to write their parts", (long long)step, n - all, n);
   return rc;
 }
 
@@ -215,49 +219,22 @@ typedef struct {
   int rc;
 } rank_ctx;
 
-/* Writes a checkpoint: rank 0 alone, or with ep > 1 the EP group of DP rank 0 (rank < ep),
- * each rank its part (save_checkpoint_parts). With ZeRO-1 every rank first gathers the
- * moments back (and cuts its shards again after), so every rank calls this. */
+/* Writes a checkpoint, its tensors fetched one at a time as the writer reaches them (from the
+ * GPU runtime rt when not NULL: hf_view.h): rank 0 alone, or with ep > 1 the EP group of DP
+ * rank 0 (rank < ep), each rank its part (save_checkpoint_parts). With ZeRO-1 every rank
+ * writes its moment shards as its part of the optimizer state, so every rank calls this. */
 static int save_any(const rank_ctx *r, rt_params *ps, gpu_runtime *rt, int ep, int64_t step, double loss, char *err,
                     size_t errlen) {
-  int zero = r->step_g->cfg.zero && r->comm, rc = 0;
-  if (zero && (rc = zero_unshard(ps, r->step_g, r->comm, r->rank, err, errlen)) != 0 && r->rank != 0)
-    fprintf(stderr, "moec: error: rank %d: checkpoint of step %lld: %s\n", r->rank, (long long)step, err);
-  ckpt_part self = {r->step_g, ps, r->rank > 0};
-  if (rc == 0 && r->rank < ep) {
-    if (ep == 1) rc = save_checkpoint(&self, rt, step, r->o->ckpt_dir, loss);
-    else rc = save_checkpoint_parts(&self, rt, comm_get(r->comm, r->rank, COMM_EP), step, r->o->ckpt_dir, loss, err, errlen);
-  }
-  if (zero) { /* even after a failed write: a retry later must find the shards, not the whole moments */
-    char e2[512];
-    if (zero_shard(ps, r->step_g, r->comm, r->rank, e2, sizeof e2)) {
-      fprintf(stderr, "moec: error: rank %d: %s\n", r->rank, e2);
-      if (!rc) rc = -1, snprintf(err, errlen, "%s", e2);
-    }
-  }
-  return rc;
+  ckpt_part self = {r->step_g, ps, r->rank > 0, r->rank >= ep};
+  if (r->step_g->cfg.zero && r->comm)
+    return save_checkpoint_parts(&self, rt, comm_get(r->comm, r->rank, COMM_WORLD), ep, step, r->o->ckpt_dir, loss, err,
+                                 errlen);
+  if (r->rank >= ep) return 0;
+  if (ep == 1) return save_checkpoint(&self, rt, step, r->o->ckpt_dir, loss);
+  return save_checkpoint_parts(&self, rt, comm_get(r->comm, r->rank, COMM_EP), ep, step, r->o->ckpt_dir, loss, err,
+                               errlen);
 }
 
-/* save_any from either executor. A GPU run's tensors are fetched from the device one at a time
- * as the writer reaches them (hf_view.h); with ZeRO-1 the moment shards are gathered on the
- * host first, so the host copies (released between checkpoints) come back for the write. */
-static int save_from(executors *ex, const rank_ctx *r, rt_params *ps, int ep, int64_t step, double loss, FILE *msgf,
-                     char *err, size_t errlen) {
-  const int via_host = ex->rt && r->step_g->cfg.zero && r->comm;
-  if (via_host && rt_params_restore_host(ps) != 0) {
-    fprintf(msgf, "moec: error: out of host memory for the checkpoint of step %lld (the weights and moments are "
-            "copied to the host to be written)\n", (long long)step);
-    return -1;
-  }
-  if (via_host && gpu_runtime_download(ex->rt, ps, err, errlen) != 0) {
-    fprintf(msgf, "moec: error: %s\n", err);
-    rt_params_release_host(ps);
-    return -1;
-  }
-  int rc = save_any(r, ps, via_host ? NULL : ex->rt, ep, step, loss, err, errlen);
-  if (via_host) rt_params_release_host(ps);
-  return rc;
-}
 
 /* Ranks on GPUs: rank r on GPU (local rank mod GPUs), and its collectives, host-staged or NCCL
  * as all ranks agree (gpu_comm_agree). Every rank makes the same collective calls here. */
@@ -324,7 +301,7 @@ static int train_rank(rank_ctx *r) {
   }
   int ep = cfg->ep > 1 ? (int)cfg->ep : 1;
   rt_params *ps = rt_params_new(step_g, (uint64_t)cfg->seed);
-  ckpt_part self = {step_g, ps, 0};
+  ckpt_part self = {step_g, ps, 0, 0};
   executors ex;
   memset(&ex, 0, sizeof ex);
   FILE *logf = NULL;
@@ -359,7 +336,7 @@ static int train_rank(rank_ctx *r) {
   }
   if (o->cuda) {
     if (gpu_rank_setup(r, ps, &ex, msgf, err, sizeof err)) goto done;
-    rt_params_release_host(ps); /* on the device now; back for checkpoints only (save_from) */
+    rt_params_release_host(ps); /* on the device now; checkpoints fetch from there (hf_view.h) */
   } else if (!(ex.cpu_step = cpu_exec_new(step_g, ps, err, sizeof err)) || !(ex.cpu_fwd = cpu_exec_new(fwd, ps, err, sizeof err))) {
     fprintf(msgf, "moec: internal error: %s\n", err);
     goto done;
@@ -376,7 +353,7 @@ static int train_rank(rank_ctx *r) {
   if (end <= ps->step) {
     /* nothing to train (--stop-at 0, or resumed at the end): write the weights as they are */
     fprintf(msgf, "no steps to run (at step %lld, stopping at %lld)\n", (long long)ps->step, (long long)end);
-    rc = (r->rank < ep || cfg->zero) && o->ckpt_dir ? save_from(&ex, r, ps, ep, ps->step, NAN, msgf, err, sizeof err) != 0 : 0;
+    rc = (r->rank < ep || cfg->zero) && o->ckpt_dir ? save_any(r, ps, ex.rt, ep, ps->step, NAN, err, sizeof err) != 0 : 0;
     goto done;
   }
   int64_t val_batches = o->val_batches > 0 ? o->val_batches : 8;
@@ -460,7 +437,7 @@ static int train_rank(rank_ctx *r) {
     }
     if (logf) fflush(logf);
     if ((r->rank < ep || cfg->zero) && o->ckpt_dir && ((o->ckpt_every > 0 && s % o->ckpt_every == 0) || last) &&
-        save_from(&ex, r, ps, ep, ps->step, loss, msgf, err, sizeof err)) {
+        save_any(r, ps, ex.rt, ep, ps->step, loss, err, sizeof err)) {
       rc = 1;
       break;
     }

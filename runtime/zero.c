@@ -1,5 +1,4 @@
-/* zero.c -- ZeRO-1's host side: cutting the AdamW moments into this rank's shards and
- * gathering them back for checkpoints (zero.h). */
+/* zero.c -- ZeRO-1's host side: cutting the AdamW moments into this rank's shards (zero.h). */
 #include "zero.h"
 
 #include <stdlib.h>
@@ -40,41 +39,6 @@ int zero_shard(rt_params *ps, const ir_graph *step, comm_world *w, int rank, cha
     free(p->m);
     free(p->v);
     p->m = m, p->v = v, p->mlo = lo, p->mn = mn, p->zero_group = (int)grp;
-  }
-  return 0;
-}
-
-/* recv (size * chunk) <- every rank's shard of one moment, padded to chunk. */
-static int gather_moment(comm *c, const rt_param *p, const float *shard, int64_t chunk, float *recv, char *err,
-                         size_t errlen) {
-  float *send = calloc((size_t)chunk + 1, sizeof *send);
-  if (!send) return errf(err, errlen, "zero: out of host memory gathering the moments of %s", p->name);
-  memcpy(send, shard, (size_t)p->mn * sizeof *send);
-  int rc = comm_all_gather(c, send, (size_t)chunk * sizeof *send, recv, err, errlen);
-  free(send);
-  return rc;
-}
-
-int zero_unshard(rt_params *ps, const ir_graph *step, comm_world *w, int rank, char *err, size_t errlen) {
-  for (int id = 0; id < step->n_nodes; id++) {
-    comm_group grp;
-    rt_param *p = sharded_param(step, id, ps, &grp);
-    if (!p || p->zero_group < 0) continue;
-    comm *c = comm_get(w, rank, (comm_group)p->zero_group);
-    const int64_t chunk = ir_shard_len(p->numel, comm_size(c));
-    const size_t all = (size_t)comm_size(c) * (size_t)chunk + 1;
-    float *m = malloc(all * sizeof *m), *v = malloc(all * sizeof *v);
-    int rc = m && v ? 0 : errf(err, errlen, "zero: out of host memory gathering the moments of %s", p->name);
-    if (rc == 0) rc = gather_moment(c, p, p->m, chunk, m, err, errlen);
-    if (rc == 0) rc = gather_moment(c, p, p->v, chunk, v, err, errlen);
-    if (rc) {
-      free(m);
-      free(v);
-      return -1;
-    }
-    free(p->m);
-    free(p->v);
-    p->m = m, p->v = v, p->mlo = 0, p->mn = p->numel, p->zero_group = -1;
   }
   return 0;
 }

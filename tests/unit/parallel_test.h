@@ -56,36 +56,64 @@ static int read_log(const char *tag, double *v, int max) {
 
 static double rel(double a, double b) { return fabs(a - b) / fmax(fabs(b), 1e-30); }
 
+/* max|x - y| / max|y| over n values (0 when y is all zero). */
+static double rel_diff(const float *x, const float *y, int64_t n) {
+  double d = 0, m = 0;
+  for (int64_t k = 0; k < n; k++) {
+    d = fmax(d, fabs((double)x[k] - (double)y[k]));
+    m = fmax(m, fabs((double)y[k]));
+  }
+  return m > 0 ? d / m : 0;
+}
+
 /* Max over tensors of max|a - b| / max|b| (each tensor's scale), of kind `which` ("model" or
- * "optimizer"): one file, or the parts of a sharded (EP) checkpoint (ckpt_int.h reads both). */
-static double compare_ckpt(const char *a, const char *b, const char *step, const char *which) {
+ * "optimizer"): one file, or the parts of a sharded (EP, ZeRO) checkpoint (ckpt_int.h reads
+ * all). The moments are compared whole, each assembled from its ZeRO shards where saved so;
+ * with bits, the largest difference must be 0 (returned as 1 otherwise). */
+static double compare_ckpt_as(const char *a, const char *b, const char *step, const char *which, int bits) {
   char pa[1024], pb[1024], err[512] = "";
   snprintf(pa, sizeof pa, "%s/%s/%s", tmp, a, step);
   snprintf(pb, sizeof pb, "%s/%s/%s", tmp, b, step);
-  ckpt_tset ta, tb;
-  int oa = ckpt_tset_open(&ta, pa, which, err, sizeof err) == 0, ob = oa && ckpt_tset_open(&tb, pb, which, err, sizeof err) == 0;
-  if (!oa) ckpt_tset_close(&ta); /* a failed open may hold some parts */
+  const int opt = !strcmp(which, "optimizer");
+  ckpt_tset model, ta, tb;
+  int om = ckpt_tset_open(&model, pa, "model", err, sizeof err) == 0;
+  int oa = om && ckpt_tset_open(&ta, pa, which, err, sizeof err) == 0;
+  int ob = oa && ckpt_tset_open(&tb, pb, which, err, sizeof err) == 0;
+  if (!om) ckpt_tset_close(&model); /* a failed open may hold some parts */
+  if (om && !oa) ckpt_tset_close(&ta);
   if (oa && !ob) ckpt_tset_close(&tb);
-  CHECK(oa && ob, "open %s of %s / %s: %s", which, pa, pb, err);
-  double worst = oa && ob ? 0 : INFINITY;
-  CHECK(!(oa && ob) || ckpt_tset_count(&ta) == ckpt_tset_count(&tb), "%s: %zu and %zu tensors", which,
+  CHECK(ob, "open %s of %s / %s: %s", which, pa, pb, err);
+  double worst = ob ? 0 : INFINITY;
+  CHECK(!ob || opt || ckpt_tset_count(&ta) == ckpt_tset_count(&tb), "%s: %zu and %zu tensors", which,
         ckpt_tset_count(&ta), ckpt_tset_count(&tb));
-  for (size_t f = 0; oa && ob && f < ta.n; f++)
-    for (size_t i = 0; i < st_count(ta.files[f]); i++) {
-      const st_view *va = st_at(ta.files[f], i), *vb = ckpt_tset_find(&tb, va->name, NULL);
-      CHECK(vb && vb->numel == va->numel && va->dtype == ST_F32, "%s: %s missing or different", which, va->name);
-      if (!vb || vb->numel != va->numel || va->dtype != ST_F32) continue;
-      const float *x = va->data, *y = vb->data;
-      double d = 0, m = 0;
-      for (int64_t k = 0; k < va->numel; k++) {
-        d = fmax(d, fabs((double)x[k] - (double)y[k]));
-        m = fmax(m, fabs((double)y[k]));
+  /* every parameter of a's model: its weight, or its two moments */
+  for (size_t f = 0; ob && f < model.n; f++)
+    for (size_t i = 0; i < st_count(model.files[f]); i++) {
+      const st_view *w = st_at(model.files[f], i);
+      for (int k = 0; k < (opt ? 2 : 1); k++) {
+        char nm[1024];
+        snprintf(nm, sizeof nm, "%s%s", w->name, opt ? (k ? ".exp_avg_sq" : ".exp_avg") : "");
+        float *x = malloc((size_t)w->numel * sizeof *x + 1), *y = malloc((size_t)w->numel * sizeof *y + 1);
+        int ra = x && y ? ckpt_tset_read_moment(&ta, nm, w->ndim, w->shape, x, err, sizeof err) : -1;
+        int rb = ra == 0 ? ckpt_tset_read_moment(&tb, nm, w->ndim, w->shape, y, err, sizeof err) : -1;
+        CHECK(rb == 0, "%s: %s: %s", which, nm, err);
+        if (rb == 0) {
+          double d = rel_diff(x, y, w->numel);
+          if (bits && memcmp(x, y, (size_t)w->numel * sizeof *x)) d = fmax(d, 1);
+          worst = fmax(worst, d);
+        }
+        free(x);
+        free(y);
       }
-      if (m > 0) worst = fmax(worst, d / m);
     }
-  if (oa && ob) ckpt_tset_close(&tb);
+  if (ob) ckpt_tset_close(&tb);
   if (oa) ckpt_tset_close(&ta);
+  if (om) ckpt_tset_close(&model);
   return worst;
+}
+
+static double compare_ckpt(const char *a, const char *b, const char *step, const char *which) {
+  return compare_ckpt_as(a, b, step, which, 0);
 }
 
 /* Run `tag` against run `one` (one rank) after `steps` steps: losses, grad norms, weights and

@@ -2,6 +2,7 @@
  * validation errors, read-only and full-disk failures, stale temporaries, and the crash-safety
  * property (SIGKILL a saving child at random moments; latest must always load and match). */
 #include "runtime/ckpt.h"
+#include "runtime/ckpt_int.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -767,11 +768,136 @@ static int save_two_parts(const char *dir, int64_t step, const model *m, const m
   ckpt_contents ca = part_of(m, a, dense, 6, cfg), cb = part_of(m, b, experts, 2, cfg);
   char tmp[4096];
   if (ckpt_parts_begin(dir, step, tmp, sizeof tmp, err, errlen)) return -1;
-  if (ckpt_parts_write(tmp, 0, 2, &ca, err, errlen) || ckpt_parts_write(tmp, 1, 2, &cb, err, errlen)) {
-    ckpt_parts_abandon(tmp);
-    return -1;
+  for (int which = 0; which < 2; which++) {
+    const char *kind = which ? "optimizer" : "model";
+    if (ckpt_parts_write(tmp, kind, 0, 2, &ca, err, errlen) || ckpt_parts_write(tmp, kind, 1, 2, &cb, err, errlen)) {
+      ckpt_parts_abandon(tmp);
+      return -1;
+    }
   }
-  return ckpt_parts_finish(dir, step, tmp, 2, &ca, err, errlen);
+  return ckpt_parts_finish(dir, step, tmp, 2, 2, &ca, err, errlen);
+}
+
+/* ---------------------------------------------------------------- ZeRO moment shards */
+
+/* m's moments in n_parts ZeRO parts (ckpt.h) of step, the model whole in one file: parameter 0's
+ * moments whole in part 0, every other's cut in n_parts shards of ceil(numel / n_parts), part
+ * k holding the k-th; the 2-D ones (but the embedding) in their transpose's order, as moec
+ * holds linear weights. skip_shard >= 0 leaves that parameter's shard 1 out (a gap), and
+ * whole_too writes parameter 1's moments whole in part 1, instead of its shard 1. */
+static int save_zero_parts(const char *dir, int64_t step, const model *m, const moec_config *cfg, int n_parts,
+                           int skip_shard, int whole_too, char *err, size_t errlen) {
+  char tmp[4096];
+  ckpt_contents whole = {.config = cfg, .bos_id = 2, .eos_id = 3, .pad_id = 1, .params = m->p, .n_params = m->n};
+  if (ckpt_parts_begin(dir, step, tmp, sizeof tmp, err, errlen)) return -1;
+  int rc = ckpt_parts_write(tmp, "model", 0, 1, &whole, err, errlen);
+  float *tm[8] = {0}, *tv[8] = {0}; /* the transposed orders */
+  for (size_t i = 0; i < m->n && rc == 0; i++) {
+    const ckpt_param *q = &m->p[i];
+    if (!q->m || q->ndim != 2 || i == 0) continue;
+    const int64_t r = q->shape[0], c = q->shape[1];
+    tm[i] = malloc((size_t)(r * c) * sizeof(float)), tv[i] = malloc((size_t)(r * c) * sizeof(float));
+    for (int64_t a = 0; a < r; a++)
+      for (int64_t b = 0; b < c; b++) tm[i][b * r + a] = q->m[a * c + b], tv[i][b * r + a] = q->v[a * c + b];
+  }
+  for (int k = 0; k < n_parts && rc == 0; k++) {
+    ckpt_param ps[10];
+    size_t n = 0;
+    for (size_t i = 0; i < m->n; i++) {
+      const ckpt_param *q = &m->p[i];
+      if (!q->m) continue;
+      if (i == 0 || (whole_too && i == 1 && k == 1)) { /* whole (and so not also a shard in the same part) */
+        if (k == (int)i) ps[n++] = *q;
+        if (i == 0 || k == 1) continue;
+      }
+      const int64_t chunk = (numel(q) + n_parts - 1) / n_parts, lo = k * chunk;
+      const int64_t len = lo >= numel(q) ? 0 : numel(q) - lo < chunk ? numel(q) - lo : chunk;
+      if (len == 0 || ((int)i == skip_shard && k == 1)) continue;
+      ckpt_param s = *q;
+      s.shard_lo = lo, s.shard_n = len, s.shard_t = tm[i] != NULL;
+      s.m = (tm[i] ? tm[i] : q->m) + lo, s.v = (tv[i] ? tv[i] : q->v) + lo;
+      ps[n++] = s;
+    }
+    ckpt_contents c = whole;
+    c.params = ps, c.n_params = n;
+    rc = ckpt_parts_write(tmp, "optimizer", k, n_parts, &c, err, errlen);
+  }
+  for (int i = 0; i < 8; i++) free(tm[i]), free(tv[i]);
+  if (rc == 0) return ckpt_parts_finish(dir, step, tmp, 1, n_parts, &whole, err, errlen);
+  ckpt_parts_abandon(tmp);
+  return -1;
+}
+
+static void test_zero_shards(void) {
+  char dir[512], err[1024], path[600], f[700];
+  snprintf(dir, sizeof dir, "%s/zero", root);
+  moec_config cfg = tiny_config();
+  model m, back;
+  model_init(&m, 1);
+  model_init(&back, 1);
+  model_fill(&m, 8);
+  CHECK(save_zero_parts(dir, 8, &m, &cfg, 3, -1, 0, err, sizeof err) == 0);
+  CHECK(ckpt_latest(dir, path, sizeof path, NULL) == 1 && strstr(path, "step-00000008"));
+  static const char *files[] = {"model.safetensors", "optimizer.safetensors.index.json",
+                                "optimizer-00001-of-00003.safetensors", "optimizer-00003-of-00003.safetensors"};
+  for (int i = 0; i < 4; i++) {
+    snprintf(f, sizeof f, "%s/%s", path, files[i]);
+    CHECK(access(f, R_OK) == 0);
+  }
+  snprintf(f, sizeof f, "%s/model.safetensors.index.json", path);
+  CHECK(access(f, F_OK) != 0);
+  /* the shards' names: where they start, and in which order */
+  snprintf(f, sizeof f, "%s/optimizer.safetensors.index.json", path);
+  const char *idx = slurp(f);
+  const int64_t q_chunk = (numel(&m.p[1]) + 2) / 3;
+  char want[256];
+  snprintf(want, sizeof want, "\"model.layers.0.self_attn.q_proj.weight.exp_avg_sq.shard_t.%lld\": "
+           "\"optimizer-00002-of-00003.safetensors\"", (long long)q_chunk);
+  CHECK(idx && strstr(idx, want));
+  CHECK(idx && strstr(idx, "\"model.norm.weight.exp_avg.shard.0\": \"optimizer-00001-of-00003.safetensors\""));
+  CHECK(idx && strstr(idx, "\"model.embed_tokens.weight.exp_avg\": \"optimizer-00001-of-00003.safetensors\""));
+
+  /* loaded whole, the transposed shards turned back */
+  for (size_t i = 1; i < back.n; i++) back.p[i].shard_t = back.p[i].ndim == 2;
+  ckpt_contents lc = contents(&back, &cfg, NULL, 0);
+  model_fill(&back, 999);
+  CHECK(ckpt_load(path, &lc, NULL, err, sizeof err) == 0);
+  CHECK(model_diff(&back, 8) == 0);
+  /* the reader a test or a tool uses: the same moment, whole */
+  ckpt_tset t;
+  CHECK(ckpt_tset_open(&t, path, "optimizer", err, sizeof err) == 0);
+  float *buf = malloc((size_t)numel(&m.p[3]) * sizeof *buf);
+  CHECK(ckpt_tset_read_moment(&t, "model.layers.0.block_sparse_moe.experts.0.w1.weight.exp_avg", 2, m.p[3].shape, buf,
+                              err, sizeof err) == 0);
+  CHECK(memcmp(buf, m.p[3].m, (size_t)numel(&m.p[3]) * sizeof *buf) == 0);
+  free(buf);
+  ckpt_tset_close(&t);
+
+  /* the order must be the one this model holds the parameter in */
+  back.p[1].shard_t = 0;
+  model_fill(&back, 999);
+  CHECK(ckpt_load(path, &lc, NULL, err, sizeof err) == -1);
+  CHECK_ERR(err, "ZeRO shards of 'model.layers.0.self_attn.q_proj.weight.exp_avg' are in the order of its transpose");
+  CHECK(back.p[0].w[0] == val(999, 0, 0, 0)); /* nothing written */
+  back.p[1].shard_t = 1;
+
+  /* a gap, and a moment both whole and in shards, refused with the tensors named */
+  CHECK(save_zero_parts(dir, 9, &m, &cfg, 3, 4, 0, err, sizeof err) == 0);
+  CHECK(ckpt_latest(dir, path, sizeof path, NULL) == 1);
+  CHECK(ckpt_load(path, &lc, NULL, err, sizeof err) == -1);
+  CHECK_ERR(err, "the shards of 'model.layers.0.block_sparse_moe.experts.0.w2.weight.exp_avg' leave a gap at value");
+  CHECK(save_zero_parts(dir, 10, &m, &cfg, 2, -1, 1, err, sizeof err) == 0);
+  CHECK(ckpt_latest(dir, path, sizeof path, NULL) == 1);
+  CHECK(ckpt_load(path, &lc, NULL, err, sizeof err) == -1);
+  CHECK_ERR(err, "some moment both whole and in ZeRO shards");
+  CHECK(back.p[0].w[0] == val(999, 0, 0, 0));
+  /* the shards of two writers (2 parts) load too, as a one-rank run would after zero */
+  CHECK(save_zero_parts(dir, 11, &m, &cfg, 2, -1, 0, err, sizeof err) == 0);
+  CHECK(ckpt_latest(dir, path, sizeof path, NULL) == 1);
+  CHECK(ckpt_load(path, &lc, NULL, err, sizeof err) == 0);
+  CHECK(model_diff(&back, 8) == 0);
+  free(m.mem);
+  free(back.mem);
 }
 
 static void test_parts(void) {
@@ -881,6 +1007,7 @@ int main(void) {
   test_stale();
   test_fetch();
   test_parts();
+  test_zero_shards();
   test_crash();
   ckpt_rmtree(root);
   if (failures) {

@@ -2,9 +2,9 @@
  * parameter's AdamW update over its reduce group (passes/sync.c, runtime/zero.c).
  *   - the dump: each sharded adamw reads a reduce_scatter and is followed by its all_gather;
  *     grad_norm reads the shards; `moec compile` predicts half the AdamW bytes at dp=2;
- *   - dp=2, a checkpoint every 2 steps (the shards gathered and cut again): the same logged
- *     values and the same checkpoint bytes as dp=2 without zero (same sums, in the same order),
- *     and each rank holds half the moments;
+ *   - dp=2, a checkpoint every 2 steps (each rank writing its shards): the same logged values,
+ *     model bytes and moments as dp=2 without zero (same sums, in the same order), and each
+ *     rank holds half the moments;
  *   - dp=4, ep=2 x dp=2, ep=2 alone: the same as one rank (<= 1e-5 relative, parallel_test.h);
  *   - moments = bf16 with zero: the same bytes as without;
  *   - checkpoints move in and out of zero: dp=2 zero -> one rank, one rank -> ep=2 x dp=2 zero.
@@ -16,14 +16,19 @@
 #include "check.h"
 #include "parallel_test.h"
 
-/* Runs a and b wrote the same checkpoint files at step `steps`, byte for byte. */
+/* Runs a (without zero) and b (with) wrote the same checkpoint at step `steps`: the model file
+ * byte for byte, the moments bit for bit (b's assembled from its ranks' shards), and b's
+ * optimizer state as one part a rank, each holding shards alone. */
 static void same_bytes(const char *a, const char *b, int steps) {
-  const char *files[] = {"model.safetensors", "optimizer.safetensors"};
-  for (int i = 0; i < 2; i++) {
-    char cmd[1024];
-    snprintf(cmd, sizeof cmd, "cmp -s %s/%s/step-%08d/%s %s/%s/step-%08d/%s", tmp, a, steps, files[i], tmp, b, steps, files[i]);
-    CHECK(system(cmd) == 0, "%s and %s: %s differ", a, b, files[i]);
-  }
+  char cmd[1024], step[32];
+  snprintf(cmd, sizeof cmd, "cmp -s %s/%s/step-%08d/model.safetensors %s/%s/step-%08d/model.safetensors", tmp, a, steps,
+           tmp, b, steps);
+  CHECK(system(cmd) == 0, "%s and %s: model.safetensors differ", a, b);
+  snprintf(step, sizeof step, "step-%08d", steps);
+  CHECK(compare_ckpt_as(a, b, step, "optimizer", 1) == 0, "%s and %s: the moments differ", a, b);
+  snprintf(cmd, sizeof cmd, "cd %s/%s/%s && test -f optimizer-00002-of-00002.safetensors && ! grep -q 'exp_avg\"' "
+           "optimizer.safetensors.index.json && grep -q 'exp_avg.shard' optimizer.safetensors.index.json", tmp, b, step);
+  CHECK(system(cmd) == 0, "%s: not two optimizer parts of shards alone", b);
   double x[64], y[64];
   int nx = read_log(a, x, 64), ny = read_log(b, y, 64);
   CHECK(nx == 3 * steps && ny == nx && memcmp(x, y, (size_t)nx * sizeof *x) == 0, "%s and %s: logged values differ", a, b);
@@ -102,7 +107,7 @@ int main(void) {
   if (parallel_test_begin(dir)) return 1;
   check_dump();
   CHECK(run_cpu("--steps 6", "one") == 0, "one rank failed");
-  /* checkpoints every 2 steps: the shards, gathered for each save, must be cut again after it */
+  /* checkpoints every 2 steps: each rank writes its shards, and goes on with them */
   CHECK(run_cpu("--steps 6 --set dp=2 --ckpt-every 2", "dp2") == 0, "dp=2 failed");
   CHECK(run_cpu("--steps 6 --set dp=2 --set zero=true --ckpt-every 2", "dp2z") == 0, "dp=2 zero failed");
   same_bytes("dp2", "dp2z", 6);
@@ -120,13 +125,17 @@ int main(void) {
   CHECK(run_cpu("--steps 4 --set dp=2 --set moments=bf16", "bf") == 0, "dp=2 bf16 moments failed");
   CHECK(run_cpu("--steps 4 --set dp=2 --set moments=bf16 --set zero=true", "bfz") == 0, "dp=2 bf16 moments zero failed");
   same_bytes("bf", "bfz", 4);
-  /* checkpoints hold whole moments: zero -> one rank, and one rank -> ep=2 x dp=2 with zero */
+  /* checkpoints move: zero's shards -> one rank, one rank -> ep=2 x dp=2 with zero, and zero's
+   * shards -> another world size with zero (dp=2 -> dp=4) */
   CHECK(run_cpu("--steps 6 --set dp=2 --set zero=true --stop-at 3", "rz1") == 0, "dp=2 zero --stop-at 3 failed");
   CHECK(run_cpu("--steps 6 --resume", "rz1") == 0, "resume at one rank failed");
   same_as("one", "rz1", 6);
   CHECK(run_cpu("--steps 6 --stop-at 3", "rz2") == 0, "one rank --stop-at 3 failed");
   CHECK(run_cpu("--steps 6 --set ep=2 --set dp=2 --set zero=true --resume", "rz2") == 0, "resume at ep=2 dp=2 zero failed");
   same_as("one", "rz2", 6);
+  CHECK(run_cpu("--steps 6 --set dp=2 --set zero=true --stop-at 3", "rz3") == 0, "dp=2 zero --stop-at 3 failed");
+  CHECK(run_cpu("--steps 6 --set dp=4 --set zero=true --resume", "rz3") == 0, "resume at dp=4 zero failed");
+  same_as("one", "rz3", 6);
   char cmd[1024];
   snprintf(cmd, sizeof cmd, "rm -rf %s", tmp);
   if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", tmp);
