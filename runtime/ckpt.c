@@ -283,7 +283,7 @@ static int validate_contents(const ckpt_contents *c, int saving, char *err, size
       seterr(err, errlen, "checkpoint: parameter %zu has no name", i);
       return -1;
     }
-    const int fetched = saving && p->fetch; /* a save may fetch instead of pointing */
+    const int fetched = saving ? p->fetch != NULL : p->store != NULL; /* instead of pointing */
     if (p->ndim < 0 || p->ndim > CKPT_MAX_DIMS || (!fetched && (!p->w || !p->m != !p->v))) {
       seterr(err, errlen, "checkpoint: parameter '%s': bad rank %d, or missing data (w must be "
              "set; m and v both or neither)", p->name, p->ndim);
@@ -777,6 +777,18 @@ const char *ckpt_state_str(const ckpt_state *s, const char *key) {
   return j && j->type == ST_JSON_STR ? j->s : NULL;
 }
 
+/* A load reads p's moments: into m and v, or through store when has_moments. */
+static int wants_moments(const ckpt_param *p) { return p->store ? p->has_moments : p->m != NULL; }
+
+/* Tensor `which` of p (the weight, or moment name) from t into its place, or through a buffer
+ * of the largest tensor's size to p->store. */
+static int load_tensor(const ckpt_tset *t, const ckpt_param *p, int which, const char *name, float *buf, char *err,
+                       size_t errlen) {
+  float *dst = p->store ? buf : which == 0 ? p->w : which == 1 ? p->m : p->v;
+  int rc = ckpt_tset_read(t, name, p->ndim, p->shape, dst, err, errlen);
+  return rc == 0 && p->store ? p->store(p->fetch_ctx, which, buf, err, errlen) : rc;
+}
+
 /* checks that t holds the expected tensors (names from the params, with suffixes): exactly
  * those, or with c->subset those and others whose names contain it (the other EP ranks'
  * experts, not read) */
@@ -787,7 +799,7 @@ static int check_tensor_set(const ckpt_tset *t, const ckpt_contents *c, int mome
   size_t expected = 0;
   for (size_t i = 0; i < c->n_params; i++) {
     const ckpt_param *p = &c->params[i];
-    if (moments && !p->m) continue;
+    if (moments && !wants_moments(p)) continue;
     for (int k = 0; k < (moments ? 2 : 1); k++) {
       char nm[1024];
       snprintf(nm, sizeof nm, "%s%s", p->name, moments ? (k ? ".exp_avg_sq" : ".exp_avg") : "");
@@ -839,7 +851,7 @@ static int check_tensor_set(const ckpt_tset *t, const ckpt_contents *c, int mome
         const size_t M = moments ? ckpt_shard_name(nm, &lo, &tr) : 0;
         const size_t end = M ? M : strlen(nm); /* the moment's name: a shard's prefix, or all of nm */
         if (!moments) found = !strcmp(nm, p->name);
-        else if (p->m && end > L && !strncmp(nm, p->name, L))
+        else if (wants_moments(p) && end > L && !strncmp(nm, p->name, L))
           found = (end - L == 8 && !strncmp(nm + L, ".exp_avg", 8)) || (end - L == 11 && !strncmp(nm + L, ".exp_avg_sq", 11));
       }
       if (!found) {
@@ -942,20 +954,33 @@ int ckpt_load(const char *path, const ckpt_contents *c, ckpt_state *state, char 
            "checkpoints were mixed", file, (long long)sj->i, base);
     goto out;
   }
-  /* everything checks out: copy */
+  if (c->check_only) {
+    rc = 0;
+    goto out;
+  }
+  /* everything checks out: copy (a stored tensor through one buffer) */
+  int64_t most = 0;
+  for (size_t i = 0; i < c->n_params; i++)
+    if (c->params[i].store && numel_of(&c->params[i]) > most) most = numel_of(&c->params[i]);
+  float *buf = most ? malloc((size_t)most * sizeof *buf) : NULL;
+  if (most && !buf) {
+    seterr(err, errlen, "checkpoint %s: out of host memory for a tensor of %lld values", path, (long long)most);
+    goto out;
+  }
   for (size_t i = 0; i < c->n_params; i++) {
     const ckpt_param *p = &c->params[i];
-    int64_t n = numel_of(p);
     char nm[1024];
-    const st_file *f;
-    ckpt_tset_find(&model, p->name, &f);
-    if (st_get_f32(f, p->name, p->w, n, err, errlen) != 0) goto out;
-    if (!p->m) continue;
-    snprintf(nm, sizeof nm, "%s.exp_avg", p->name); /* whole, or its ZeRO shards assembled */
-    if (ckpt_tset_read_moment(&opt, nm, p->ndim, p->shape, p->m, err, errlen) != 0) goto out;
-    snprintf(nm, sizeof nm, "%s.exp_avg_sq", p->name);
-    if (ckpt_tset_read_moment(&opt, nm, p->ndim, p->shape, p->v, err, errlen) != 0) goto out;
+    int bad = load_tensor(&model, p, 0, p->name, buf, err, errlen);
+    for (int k = 1; k <= 2 && !bad && wants_moments(p); k++) { /* whole, or its ZeRO shards assembled */
+      snprintf(nm, sizeof nm, "%s.%s", p->name, k == 1 ? "exp_avg" : "exp_avg_sq");
+      bad = load_tensor(&opt, p, k, nm, buf, err, errlen);
+    }
+    if (bad) {
+      free(buf);
+      goto out;
+    }
   }
+  free(buf);
   if (state) {
     state->step = sj->i;
     state->seed = sd->i;

@@ -62,6 +62,11 @@ typedef struct {
   int (*fetch)(void *ctx, int which, float *dst, char *err, size_t errlen);
   void *fetch_ctx;
   int has_moments;
+  /* Loads only, instead of w, m, v: store takes each tensor (numel floats, HF layout; which as
+   * fetch's) as the loader reads it, once everything checked out, so the caller can put it
+   * straight where it lives (a GPU) with one tensor on the host at a time; has_moments says
+   * whether the moments are wanted. Its ctx is fetch_ctx. 0, or -1 with err set. */
+  int (*store)(void *ctx, int which, const float *src, char *err, size_t errlen);
   /* ZeRO-1 (above). Save: shard_n > 0 writes moment values [shard_lo, shard_lo + shard_n) as
    * shards, m and v (fetch 1 and 2) then holding those values alone, in the shape's order or,
    * with shard_t, its transpose's. Load: whole moments, from whole tensors or from shards,
@@ -93,6 +98,7 @@ typedef struct {
   const char *subset;           /* load only: NULL, or a name fragment (".experts."): the
                                    checkpoint may also hold tensors whose names contain it
                                    (an EP rank reads its own experts, not the others') */
+  int check_only;               /* load only: every check, nothing read into the params */
 } ckpt_contents;
 
 /* Saves step into DIR (created, with parents, if missing). Returns 0 when the checkpoint is

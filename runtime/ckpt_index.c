@@ -193,7 +193,7 @@ static void transpose_into(const float *src, float *dst, int64_t rows, int64_t c
     for (int64_t c = 0; c < cols; c++) dst[c * rows + r] = src[r * cols + c];
 }
 
-int ckpt_tset_read_moment(const ckpt_tset *t, const char *name, int ndim, const int64_t *shape, float *dst, char *err,
+int ckpt_tset_read(const ckpt_tset *t, const char *name, int ndim, const int64_t *shape, float *dst, char *err,
                           size_t errlen) {
   int64_t numel = 1;
   for (int d = 0; d < ndim; d++) numel *= shape[d];

@@ -37,9 +37,9 @@ size_t ckpt_shard_name(const char *name, int64_t *lo, int *t);
  * they overlap, leave a gap, are not 1-D F32/BF16/F16, or mix orders. */
 int ckpt_tset_shards(const ckpt_tset *t, const char *name, int64_t numel, size_t *count, int *order, char *err,
                      size_t errlen);
-/* Moment `name` whole, into dst (numel of shape, in shape's order): the tensor of that name, or
- * its shards assembled (shard_t ones transposed back). 0, or -1 with err set. */
-int ckpt_tset_read_moment(const ckpt_tset *t, const char *name, int ndim, const int64_t *shape, float *dst, char *err,
+/* Tensor `name` whole, into dst (numel of shape, in shape's order): the tensor of that name, or
+ * a moment's ZeRO shards assembled (shard_t ones transposed back). 0, or -1 with err set. */
+int ckpt_tset_read(const ckpt_tset *t, const char *name, int ndim, const int64_t *shape, float *dst, char *err,
                           size_t errlen);
 
 /* Writes tmp/KIND.safetensors.index.json for the n parts already in tmp, from their headers:

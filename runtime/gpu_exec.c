@@ -155,6 +155,19 @@ int gpu_runtime_fetch(gpu_runtime *rt, int i, int which, float *dst, char *err, 
   return rc == -2 ? errf(err, errlen, "out of host memory for the bf16 moments") : rc ? errf(err, errlen, "%s", gpu_error(rt->g)) : 0;
 }
 
+int gpu_runtime_store(gpu_runtime *rt, int i, int which, const float *src, char *err, size_t errlen) {
+  const rt_param *p = &rt->ps->p[i];
+  int rc;
+  if (which == 0) {
+    if (gpu_upload(rt->g, rt->dp[i].w, src, (size_t)p->numel * 4)) return errf(err, errlen, "%s", gpu_error(rt->g));
+    rt->dp[i].wb_fresh = 0;
+    for (int s = 0; s < rt->n_stacks; s++) rt->stacks[s].fresh = 0;
+    return 0;
+  }
+  rc = moment_move(rt, 1, which == 1 ? rt->dp[i].m : rt->dp[i].v, (float *)src, p->mn); /* (read only on the way up) */
+  return rc == -2 ? errf(err, errlen, "out of host memory for the bf16 moments") : rc ? errf(err, errlen, "%s", gpu_error(rt->g)) : 0;
+}
+
 const char *gpu_runtime_device(const gpu_runtime *rt) { return rt->device; }
 size_t gpu_runtime_peak_bytes(const gpu_runtime *rt) { return gpu_peak_bytes(rt->g); }
 size_t gpu_runtime_peak_used_bytes(const gpu_runtime *rt) { return gpu_peak_used_bytes(rt->g); }

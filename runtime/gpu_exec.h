@@ -30,6 +30,9 @@ int gpu_runtime_download(gpu_runtime *rt, rt_params *ps, char *err, size_t errle
  * numel values) or the AdamW moment values the device holds (1: m, 2: v; mn values, a ZeRO
  * shard or whole; widened from bf16 where stored so). -1 with err set on a GPU error. */
 int gpu_runtime_fetch(gpu_runtime *rt, int i, int which, float *dst, char *err, size_t errlen);
+/* The reverse: src (the same values) into the device's tensor, its bf16 copy and FP8 squares
+ * marked stale (as an upload does). */
+int gpu_runtime_store(gpu_runtime *rt, int i, int which, const float *src, char *err, size_t errlen);
 int gpu_runtime_upload(gpu_runtime *rt, const rt_params *ps, char *err, size_t errlen);
 /* "NVIDIA H200 (sm_90a)" */
 const char *gpu_runtime_device(const gpu_runtime *rt);

@@ -48,8 +48,33 @@ static int fetch(void *ctx, int which, float *dst, char *err, size_t errlen) {
 
 typedef enum { VIEW_LOAD, VIEW_SAVE, VIEW_SAVE_MOMENTS } view_kind;
 
+/* ckpt_param.store: a tensor read from the checkpoint (HF layout) into its place, the host copy
+ * or the GPU (rt): transposed back to [in, out] for a linear weight, and of a ZeRO-sharded
+ * moment this rank's shard alone. */
+static int store(void *ctx, int which, const float *src, char *err, size_t errlen) {
+  const hf_src *s = ctx;
+  const rt_param *p = s->p;
+  const int shard = which && p->zero_group >= 0;
+  const int64_t n = shard ? p->mn : p->numel;
+  float *host = which == 0 ? p->w : which == 1 ? p->m : p->v, *tmp = NULL;
+  if (!s->rt && !host) return errf(err, errlen, "%s: no host copy to load into", p->name);
+  const float *from = src;
+  if (s->transposed) { /* [out, in] -> [in, out]: into place, or into a buffer to cut or upload from */
+    float *dst = !s->rt && !shard ? host : (tmp = malloc((size_t)p->numel * sizeof *tmp + 1));
+    if (!dst) return errf(err, errlen, "out of host memory for %s", p->name);
+    transpose(src, dst, p->type.dims[1], p->type.dims[0]);
+    from = dst;
+  }
+  if (shard) from += p->mlo;
+  int rc = 0;
+  if (s->rt) rc = gpu_runtime_store(s->rt, s->index, which, from, err, errlen);
+  else if (from != host) memcpy(host, from, (size_t)n * sizeof *host);
+  free(tmp);
+  return rc;
+}
+
 /* The view's entries, one per parameter of part (VIEW_SAVE_MOMENTS: and every ZeRO-sharded
- * one); for a load, buffers for the transposed. */
+ * one). */
 static int make(const ckpt_part *part, gpu_runtime *rt, view_kind kind, hf_view *v) {
   const int save = kind != VIEW_LOAD;
   const ir_graph *g = part->g;
@@ -72,19 +97,10 @@ static int make(const ckpt_part *part, gpu_runtime *rt, view_kind kind, hf_view 
     for (int d = 0; d < p->type.rank; d++) c->shape[d] = p->type.dims[d];
     if (s->transposed) c->shape[0] = p->type.dims[1], c->shape[1] = p->type.dims[0];
     c->shard_t = s->transposed;
-    if (save) {
-      c->fetch = fetch, c->fetch_ctx = s, c->has_moments = 1;
-      if (p->zero_group >= 0) c->shard_lo = p->mlo, c->shard_n = p->mn, c->has_moments = p->mn > 0;
-    } else if (s->transposed) {
-      size_t bytes = (size_t)p->numel * sizeof(float);
-      c->w = malloc(bytes), c->m = malloc(bytes), c->v = malloc(bytes);
-      if (!c->w || !c->m || !c->v) {
-        free(c->w), free(c->m), free(c->v);
-        return -1;
-      }
-    } else {
-      c->w = p->w, c->m = p->m, c->v = p->v;
-    }
+    c->fetch_ctx = s, c->has_moments = 1;
+    if (save) c->fetch = fetch;
+    else c->store = store;
+    if (save && p->zero_group >= 0) c->shard_lo = p->mlo, c->shard_n = p->mn, c->has_moments = p->mn > 0;
     v->n++;
   }
   return 0;
@@ -94,25 +110,9 @@ int hf_view_for_save(const ckpt_part *part, gpu_runtime *rt, hf_view *v) { retur
 int hf_view_for_save_moments(const ckpt_part *part, gpu_runtime *rt, hf_view *v) {
   return make(part, rt, VIEW_SAVE_MOMENTS, v);
 }
-int hf_view_for_load(const ckpt_part *part, hf_view *v) { return make(part, NULL, VIEW_LOAD, v); }
-
-void hf_view_store(const hf_view *v) {
-  for (int i = 0; i < v->n; i++) {
-    if (!v->src[i].transposed) continue;
-    rt_param *p = v->src[i].p;
-    transpose(v->cp[i].w, p->w, v->cp[i].shape[0], v->cp[i].shape[1]);
-    transpose(v->cp[i].m, p->m, v->cp[i].shape[0], v->cp[i].shape[1]);
-    transpose(v->cp[i].v, p->v, v->cp[i].shape[0], v->cp[i].shape[1]);
-  }
-}
+int hf_view_for_load(const ckpt_part *part, gpu_runtime *rt, hf_view *v) { return make(part, rt, VIEW_LOAD, v); }
 
 void hf_view_free(hf_view *v) {
-  for (int i = 0; v->cp && v->src && i < v->n; i++)
-    if (v->src[i].transposed && !v->cp[i].fetch) {
-      free(v->cp[i].w);
-      free(v->cp[i].m);
-      free(v->cp[i].v);
-    }
   free(v->cp);
   free(v->src);
   memset(v, 0, sizeof *v);

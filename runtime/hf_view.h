@@ -3,8 +3,9 @@
  *  - For a save, every tensor is fetched when the writer reaches it (ckpt_param.fetch): from the
  *    host copies, transposing a linear weight on the fly, or straight from the GPU runtime, one
  *    tensor at a time; no copy of the whole model is made.
- *  - For a load, the transposed parameters get buffers of their own (ckpt_load fills them),
- *    copied into place by hf_view_store. */
+ *  - For a load, every tensor is stored as the loader reads it (ckpt_param.store): into the host
+ *    copies, or straight to the GPU runtime (a ZeRO rank's moments cut to its shard on the
+ *    way), one tensor at a time. */
 #ifndef MOEC_HF_VIEW_H
 #define MOEC_HF_VIEW_H
 
@@ -35,9 +36,8 @@ typedef struct {
 int hf_view_for_save(const ckpt_part *part, gpu_runtime *rt, hf_view *v);
 /* The same for the optimizer part: part's parameters and every ZeRO-sharded one of the graph. */
 int hf_view_for_save_moments(const ckpt_part *part, gpu_runtime *rt, hf_view *v);
-/* A load's view of part (buffers for the transposed parameters; hf_view_store after the load). */
-int hf_view_for_load(const ckpt_part *part, hf_view *v);
-void hf_view_store(const hf_view *v);
+/* A load's view of part: stored into rt when not NULL, else into the host copies. */
+int hf_view_for_load(const ckpt_part *part, gpu_runtime *rt, hf_view *v);
 void hf_view_free(hf_view *v);
 /* The contents for ckpt_save / ckpt_load / ckpt_parts_write: g's config, v's parameters. */
 ckpt_contents hf_view_contents(const ir_graph *g, const hf_view *v);

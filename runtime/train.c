@@ -57,7 +57,10 @@ static int save_checkpoint(const ckpt_part *part, gpu_runtime *rt, int64_t step,
   return rc;
 }
 
-static int load_checkpoint(const ckpt_part *self, rt_params *ps, int subset, const char *dir) {
+/* Resumes from DIR's latest checkpoint: into the host copies, or with rt a tensor at a time
+ * straight to the GPU; with check_only, every check and nothing read. */
+static int load_checkpoint(const ckpt_part *self, gpu_runtime *rt, rt_params *ps, int subset, const char *dir,
+                           int check_only) {
   char path[4096], err[1024] = "";
   int64_t step = 0;
   int found = ckpt_latest_err(dir, path, sizeof path, &step, err, sizeof err);
@@ -69,19 +72,19 @@ static int load_checkpoint(const ckpt_part *self, rt_params *ps, int subset, con
     return -1;
   }
   hf_view v;
-  int rc = hf_view_for_load(self, &v);
+  int rc = hf_view_for_load(self, rt, &v);
   ckpt_state st;
   memset(&st, 0, sizeof st);
   if (rc == 0) {
     ckpt_contents c = hf_view_contents(self->g, &v);
     c.subset = subset ? ".experts." : NULL; /* what other EP ranks hold */
-    rc = ckpt_load(path, &c, &st, err, sizeof err);
+    c.check_only = check_only;
+    rc = ckpt_load(path, &c, check_only ? NULL : &st, err, sizeof err);
     if (rc) fprintf(stderr, "moec: error: --resume: %s\n", err);
   } else {
     fprintf(stderr, "moec: error: out of host memory while resuming\n");
   }
-  if (rc == 0) {
-    hf_view_store(&v);
+  if (rc == 0 && !check_only) {
     ps->step = st.step;
     ckpt_state_free(&st);
   }
@@ -315,11 +318,12 @@ static int train_rank(rank_ctx *r) {
       fprintf(msgf, "moec: error: --resume needs --ckpt-dir DIR (where the checkpoints are)\n");
       goto done;
     }
-    /* with ep > 1 this rank reads the dense parameters and its own experts only */
-    if (load_checkpoint(&self, ps, ep > 1, o->ckpt_dir)) goto done;
-    if (ps->moments_bf16) /* moments saved in f32 (a run without moments = bf16) start as a GPU would hold them */
+    /* with ep > 1 this rank reads the dense parameters and its own experts only; a GPU run
+       only checks the checkpoint here, and reads it after the upload (below) */
+    if (load_checkpoint(&self, NULL, ps, ep > 1, o->ckpt_dir, o->cuda)) goto done;
+    if (!o->cuda && ps->moments_bf16) /* moments saved in f32 (a run without moments = bf16) start as a GPU would hold them */
       for (int i = 0; i < ps->n; i++) ck_round_bf16(ps->p[i].m, ps->p[i].numel), ck_round_bf16(ps->p[i].v, ps->p[i].numel);
-    fprintf(msgf, "resumed from %s at step %lld\n", o->ckpt_dir, (long long)ps->step);
+    if (!o->cuda) fprintf(msgf, "resumed from %s at step %lld\n", o->ckpt_dir, (long long)ps->step);
   }
   if (cfg->zero && r->comm) {
     if (zero_shard(ps, step_g, r->comm, r->rank, err, sizeof err)) {
@@ -337,6 +341,9 @@ static int train_rank(rank_ctx *r) {
   if (o->cuda) {
     if (gpu_rank_setup(r, ps, &ex, msgf, err, sizeof err)) goto done;
     rt_params_release_host(ps); /* on the device now; checkpoints fetch from there (hf_view.h) */
+    /* a resume reads each tensor straight to the device: one on the host at a time, not the part */
+    if (o->resume && load_checkpoint(&self, ex.rt, ps, ep > 1, o->ckpt_dir, 0)) goto done;
+    if (o->resume) fprintf(msgf, "resumed from %s at step %lld\n", o->ckpt_dir, (long long)ps->step);
   } else if (!(ex.cpu_step = cpu_exec_new(step_g, ps, err, sizeof err)) || !(ex.cpu_fwd = cpu_exec_new(fwd, ps, err, sizeof err))) {
     fprintf(msgf, "moec: internal error: %s\n", err);
     goto done;

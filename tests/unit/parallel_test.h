@@ -94,8 +94,8 @@ static double compare_ckpt_as(const char *a, const char *b, const char *step, co
         char nm[1024];
         snprintf(nm, sizeof nm, "%s%s", w->name, opt ? (k ? ".exp_avg_sq" : ".exp_avg") : "");
         float *x = malloc((size_t)w->numel * sizeof *x + 1), *y = malloc((size_t)w->numel * sizeof *y + 1);
-        int ra = x && y ? ckpt_tset_read_moment(&ta, nm, w->ndim, w->shape, x, err, sizeof err) : -1;
-        int rb = ra == 0 ? ckpt_tset_read_moment(&tb, nm, w->ndim, w->shape, y, err, sizeof err) : -1;
+        int ra = x && y ? ckpt_tset_read(&ta, nm, w->ndim, w->shape, x, err, sizeof err) : -1;
+        int rb = ra == 0 ? ckpt_tset_read(&tb, nm, w->ndim, w->shape, y, err, sizeof err) : -1;
         CHECK(rb == 0, "%s: %s: %s", which, nm, err);
         if (rb == 0) {
           double d = rel_diff(x, y, w->numel);

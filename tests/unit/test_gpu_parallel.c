@@ -6,7 +6,9 @@
  *     ep=2 x dp=2 (fused experts), ranks as threads on one GPU through the host-staged
  *     transport: the same losses, grad norms, weights and Adam moments as one rank on the GPU
  *     (<= 1e-5 relative, as test_parallel on the CPU); the same with ZeRO-1 (zero = true: dp=2,
- *     ep=2 x dp=2), and gpu_comm's reduce_scatter and all_gather on their own;
+ *     ep=2 x dp=2), and gpu_comm's reduce_scatter and all_gather on their own; resumes (a
+ *     tensor at a time straight to the device; ZeRO's shards written by each rank and cut to
+ *     each rank's on the way in): one rank, and dp=2 with zero resumed at ep=2 x dp=2 with zero;
  *  3. with 2+ GPUs and NCCL: dp=2 and ep=2 over NCCL (ranks as threads, one GPU each), ep=2 as
  *     2 processes (moec launch), and dp=2 with ZeRO-1, against the same one-rank runs.
  * Needs $MOEC (ctest sets it). Prints SKIP and passes where there is no CUDA driver or GPU. */
@@ -212,12 +214,18 @@ int main(void) {
   /* ep=2 alone: the experts' updates whole (their DP group has one rank), the dense ones sharded,
      the two kinds adjacent in the AdamW run */
   CHECK(run(host, "", FUSED " --set ep=2 --set zero=true", "ep2z") == 0, "ep=2 zero failed");
+  CHECK(run(host, "", FUSED " --stop-at 3", "onefr") == 0, "one rank --stop-at 3 failed");
+  CHECK(run(host, "", FUSED " --resume", "onefr") == 0, "one rank --resume failed");
+  CHECK(run(host, "", FUSED " --set dp=2 --set zero=true --stop-at 3", "zr") == 0, "dp=2 zero --stop-at 3 failed");
+  CHECK(run(host, "", FUSED " --set ep=2 --set dp=2 --set zero=true --resume", "zr") == 0, "ep=2 x dp=2 zero --resume failed");
   for (const char *const *t = (const char *const[]){"dp2", "dp2f", "ep2", "ep2dp2", "ep2d", "dp2z", "ep2dp2z", "ep2z", NULL};
        *t; t++)
     CHECK(used(*t, "host-staged"), "%s: not through the host-staged transport", *t);
   same_as("onef", "dp2z", 6);
   same_as("onef", "ep2dp2z", 6);
   same_as("onef", "ep2z", 6);
+  same_as("onef", "onefr", 6);
+  same_as("onef", "zr", 6);
   same_as("one", "dp2", 6);
   same_as("onef", "dp2f", 6);
   same_as("onef", "ep2", 6);
