@@ -75,7 +75,8 @@ int gpu_comm_all_to_all_v(gpu_comm *c, comm_group grp, gpu_ptr send, const size_
  * rank-order sum (the all-reduce's bits); NCCL: ncclReduceScatter. g's stream sees the result. */
 int gpu_comm_reduce_scatter_sum(gpu_comm *c, comm_group grp, gpu_ptr send, gpu_ptr recv, int64_t chunk, char *err,
                                 size_t errlen);
-/* recv (P x bytes) <- every rank's send (bytes), in group rank order. */
+/* recv (P x bytes) <- every rank's send (bytes), in group rank order. In place when send is
+ * recv + this rank's place x bytes (NCCL's in-place form; host-staged reads send first). */
 int gpu_comm_all_gather(gpu_comm *c, comm_group grp, gpu_ptr send, gpu_ptr recv, size_t bytes, char *err, size_t errlen);
 
 #endif

@@ -431,8 +431,8 @@ static int zero_group(gx *x, int id, comm_group *grp, int *P, int *me) {
   return 0;
 }
 
-/* out (chunk) <- this rank's shard of the summed gradient; the gradient padded to P x chunk
- * first (ncclReduceScatter's equal shares). */
+/* out (chunk) <- this rank's shard of the summed gradient: from the gradient itself when it
+ * divides into P equal shares (ncclReduceScatter's), else padded with zeros to P x chunk first. */
 static int exec_REDUCE_SCATTER(gx *x, int id) {
   const dev_value *a = V(id, 0);
   comm_group grp;
@@ -443,9 +443,11 @@ static int exec_REDUCE_SCATTER(gx *x, int id) {
     return fail(x, id, "%lld values in shards of %lld, but the group has %d ranks", (long long)a->numel, (long long)chunk, P);
   gpu_ptr pad = 0;
   const size_t bytes = (size_t)P * (size_t)chunk * 4;
-  if (alloc_out(x, id, chunk, 0)) return -1;
-  if (pool_get(x->rt, bytes ? bytes : 4, &pad) != 0) return fail(x, id, "%s", gpu_error(x->rt->g));
   char m[1024];
+  if (alloc_out(x, id, chunk, 0)) return -1;
+  if ((int64_t)P * chunk == a->numel) /* equal shares: no padded copy */
+    return gpu_comm_reduce_scatter_sum(x->comm, grp, a->p, x->val[id].p, chunk, m, sizeof m) ? fail(x, id, "%s", m) : 0;
+  if (pool_get(x->rt, bytes ? bytes : 4, &pad) != 0) return fail(x, id, "%s", gpu_error(x->rt->g));
   int rc = (a->numel && gpu_copy(x->rt->g, pad, a->p, (size_t)a->numel * 4)) ||
                    (bytes > (size_t)a->numel * 4 &&
                     gpu_memset8(x->rt->g, pad + (gpu_ptr)((size_t)a->numel * 4), 0, bytes - (size_t)a->numel * 4))
@@ -457,7 +459,9 @@ static int exec_REDUCE_SCATTER(gx *x, int id) {
 }
 
 /* In place: every rank's updated shard of the parameter into every replica; its bf16 copy is
- * stale then (the sharded adamw wrote none), and the next reader casts it (fresh_copy). */
+ * stale then (the sharded adamw wrote none), and the next reader casts it (fresh_copy). A
+ * parameter of P equal shares is gathered within the weight itself (ncclAllGather's in-place
+ * form: each rank sends the shard where it lies); others through a padded buffer. */
 static int exec_ALL_GATHER(gx *x, int id) {
   const int a = N(id)->in[0], i = x->param_index[N(a)->in[0]];
   dev_param *p = &x->rt->dp[i];
@@ -468,6 +472,12 @@ static int exec_ALL_GATHER(gx *x, int id) {
   const int64_t chunk = ir_shard_len(n, P), lo = (int64_t)me * chunk, mine = ir_shard_count(n, P, me);
   gpu_ptr send = 0, recv = 0;
   char m[1024];
+  p->wb_fresh = 0;
+  x->val[id] = x->val[a];
+  if (P > 1 && (int64_t)P * chunk == n)
+    return gpu_comm_all_gather(x->comm, grp, p->w + (gpu_ptr)((size_t)lo * 4), p->w, (size_t)chunk * 4, m, sizeof m)
+               ? fail(x, id, "%s", m)
+               : 0;
   int rc = pool_get(x->rt, (size_t)chunk * 4 + 4, &send) || pool_get(x->rt, (size_t)P * (size_t)chunk * 4 + 4, &recv)
                ? fail(x, id, "%s", gpu_error(x->rt->g))
                : 0;
@@ -478,8 +488,6 @@ static int exec_ALL_GATHER(gx *x, int id) {
   if (rc == 0 && n && gpu_copy(x->rt->g, p->w, recv, (size_t)n * 4)) rc = fail(x, id, "%s", gpu_error(x->rt->g));
   if (send) pool_put(x->rt, send);
   if (recv) pool_put(x->rt, recv);
-  p->wb_fresh = 0;
-  x->val[id] = x->val[a];
   return rc;
 }
 

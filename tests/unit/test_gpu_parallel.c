@@ -6,7 +6,9 @@
  *     ep=2 x dp=2 (fused experts), ranks as threads on one GPU through the host-staged
  *     transport: the same losses, grad norms, weights and Adam moments as one rank on the GPU
  *     (<= 1e-5 relative, as test_parallel on the CPU); the same with ZeRO-1 (zero = true: dp=2,
- *     ep=2 x dp=2), and gpu_comm's reduce_scatter and all_gather on their own; resumes (a
+ *     ep=2 x dp=2; and at hidden 34, whose norms do not split into 4 equal shares: ZeRO's
+ *     padded collectives beside the in-place ones), and gpu_comm's reduce_scatter and
+ *     all_gather on their own; resumes (a
  *     tensor at a time straight to the device; ZeRO's shards written by each rank and cut to
  *     each rank's on the way in): one rank, and dp=2 with zero resumed at ep=2 x dp=2 with zero;
  *  3. with 2+ GPUs and NCCL: dp=2 and ep=2 over NCCL (ranks as threads, one GPU each), ep=2 as
@@ -214,6 +216,9 @@ int main(void) {
   /* ep=2 alone: the experts' updates whole (their DP group has one rank), the dense ones sharded,
      the two kinds adjacent in the AdamW run */
   CHECK(run(host, "", FUSED " --set ep=2 --set zero=true", "ep2z") == 0, "ep=2 zero failed");
+#define ODD " --set hidden=34 --set heads=1 --set kv_heads=1"
+  CHECK(run(host, "", FUSED ODD, "oneo") == 0, "one rank at hidden 34 failed");
+  CHECK(run(host, "", FUSED ODD " --set ep=2 --set dp=2 --set zero=true", "ep2dp2zo") == 0, "ep=2 x dp=2 zero at hidden 34 failed");
   CHECK(run(host, "", FUSED " --stop-at 3", "onefr") == 0, "one rank --stop-at 3 failed");
   CHECK(run(host, "", FUSED " --resume", "onefr") == 0, "one rank --resume failed");
   CHECK(run(host, "", FUSED " --set dp=2 --set zero=true --stop-at 3", "zr") == 0, "dp=2 zero --stop-at 3 failed");
@@ -224,6 +229,7 @@ int main(void) {
   same_as("onef", "dp2z", 6);
   same_as("onef", "ep2dp2z", 6);
   same_as("onef", "ep2z", 6);
+  same_as("oneo", "ep2dp2zo", 6);
   same_as("onef", "onefr", 6);
   same_as("onef", "zr", 6);
   same_as("one", "dp2", 6);
