@@ -818,6 +818,11 @@ static int check_tensor_set(const ckpt_tset *t, const ckpt_contents *c, int mome
         expected += shards;
         continue;
       }
+      if (moments && v && ckpt_tset_shards(t, nm, numel_of(p), &shards, &order, err, errlen) != 1) {
+        seterr(err, errlen, "%s: '%s' is there both whole and in ZeRO shards: parts of different checkpoints mixed?",
+               file, nm);
+        return -1;
+      }
       if (!v) {
         seterr(err, errlen, "%s: no tensor '%s', which %s needs: this checkpoint was written for "
                "a different model (compare its config.json with the .moe file)", file, nm, what);
@@ -860,9 +865,9 @@ static int check_tensor_set(const ckpt_tset *t, const ckpt_contents *c, int mome
         return -1;
       }
     }
-  if (!c->subset) { /* each expected name once, nothing else: then some moment is whole and in shards too */
-    seterr(err, errlen, "%s: holds %zu tensors, %zu expected: some moment both whole and in ZeRO shards? (parts of "
-           "different checkpoints mixed)", file, ckpt_tset_count(t), expected);
+  if (!c->subset) { /* every name expected, each found once: so some name is there twice */
+    seterr(err, errlen, "%s: holds %zu tensors where %zu are expected: a tensor in two parts? (parts of different "
+           "checkpoints mixed)", file, ckpt_tset_count(t), expected);
     return -1;
   }
   return 0;

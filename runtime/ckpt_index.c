@@ -29,8 +29,10 @@ static int part_ok(const char *f) {
   return L > 12 && !strchr(f, '/') && strcmp(f + L - 12, ".safetensors") == 0 && f[0] != '.';
 }
 
-int ckpt_tset_open(ckpt_tset *t, const char *dir, const char *kind, char *err, size_t errlen) {
-  memset(t, 0, sizeof *t);
+static int index_shards(ckpt_tset *t, char *err, size_t errlen);
+
+/* The files of t (ckpt_tset_open without the shard index). */
+static int open_files(ckpt_tset *t, const char *dir, const char *kind, char *err, size_t errlen) {
   char path[4200];
   snprintf(t->label, sizeof t->label, "%s/%s.safetensors.index.json", dir, kind);
   if (access(t->label, F_OK) != 0) {
@@ -92,9 +94,15 @@ size_t ckpt_tset_count(const ckpt_tset *t) {
   return n;
 }
 
+int ckpt_tset_open(ckpt_tset *t, const char *dir, const char *kind, char *err, size_t errlen) {
+  memset(t, 0, sizeof *t);
+  return open_files(t, dir, kind, err, errlen) || index_shards(t, err, errlen) ? -1 : 0;
+}
+
 void ckpt_tset_close(ckpt_tset *t) {
   for (size_t k = 0; k < t->n; k++) st_close(t->files[k]);
   free(t->files);
+  free(t->shards);
   st_json_free(t->index);
   memset(t, 0, sizeof *t);
 }
@@ -121,38 +129,60 @@ size_t ckpt_shard_name(const char *name, int64_t *lo, int *t) {
   return 0;
 }
 
-typedef struct {
+struct ckpt_shard_ref {
   const st_view *v;
   const st_file *f;
+  size_t len; /* of the moment's name, v->name's prefix */
   int64_t lo;
   int t;
-} shard_ref;
+};
+typedef ckpt_shard_ref shard_ref;
 
-static int by_lo(const void *a, const void *b) {
-  const shard_ref *x = a, *y = b;
-  return (x->lo > y->lo) - (x->lo < y->lo);
+/* name[0, len) against the moment name of r */
+static int cmp_key(const char *name, size_t len, const shard_ref *r) {
+  const int c = memcmp(name, r->v->name, len < r->len ? len : r->len);
+  return c ? c : (len > r->len) - (len < r->len);
 }
 
-/* Moment name's shards in t, sorted by lo, into a malloc'd *out (*n of them). */
-static int find_shards(const ckpt_tset *t, const char *name, shard_ref **out, size_t *n, char *err, size_t errlen) {
-  const size_t L = strlen(name);
+static int by_key(const void *a, const void *b) {
+  const shard_ref *x = a, *y = b;
+  const int c = cmp_key(x->v->name, x->len, y);
+  return c ? c : (x->lo > y->lo) - (x->lo < y->lo);
+}
+
+/* Every shard of t, sorted by moment name then start: one pass over the names, so a lookup is
+ * a binary search however many ranks wrote parts. */
+static int index_shards(ckpt_tset *t, char *err, size_t errlen) {
   size_t cap = 0;
-  *out = NULL, *n = 0;
   for (size_t k = 0; k < t->n; k++)
     for (size_t i = 0; i < st_count(t->files[k]); i++) {
       const st_view *v = st_at(t->files[k], i);
       int64_t lo;
       int tr;
-      if (ckpt_shard_name(v->name, &lo, &tr) != L || memcmp(v->name, name, L)) continue;
-      if (*n == cap) {
-        shard_ref *g = realloc(*out, (cap = cap ? 2 * cap : 8) * sizeof *g);
+      const size_t len = ckpt_shard_name(v->name, &lo, &tr);
+      if (!len) continue;
+      if (t->n_shards == cap) {
+        shard_ref *g = realloc(t->shards, (cap = cap ? 2 * cap : 64) * sizeof *g);
         if (!g) return errf(err, errlen, "%s: out of memory", t->label);
-        *out = g;
+        t->shards = g;
       }
-      (*out)[(*n)++] = (shard_ref){v, t->files[k], lo, tr};
+      t->shards[t->n_shards++] = (shard_ref){v, t->files[k], len, lo, tr};
     }
-  if (*n) qsort(*out, *n, sizeof **out, by_lo);
+  if (t->n_shards) qsort(t->shards, t->n_shards, sizeof *t->shards, by_key);
   return 0;
+}
+
+/* Moment name's shards in t, by start: *out points into t's index (*n of them). */
+static void find_shards(const ckpt_tset *t, const char *name, const shard_ref **out, size_t *n) {
+  const size_t L = strlen(name);
+  size_t a = 0, b = t->n_shards;
+  while (a < b) { /* the first shard not below name */
+    const size_t m = a + (b - a) / 2;
+    if (cmp_key(name, L, &t->shards[m]) > 0) a = m + 1;
+    else b = m;
+  }
+  *out = t->shards + a, *n = 0;
+  while (a + *n < t->n_shards && cmp_key(name, L, &t->shards[a + *n]) == 0) (*n)++;
 }
 
 /* Shards that tile [0, numel) in one order; -1 with err set otherwise. */
@@ -179,12 +209,11 @@ static int check_tiling(const ckpt_tset *t, const char *name, const shard_ref *s
 
 int ckpt_tset_shards(const ckpt_tset *t, const char *name, int64_t numel, size_t *count, int *order, char *err,
                      size_t errlen) {
-  shard_ref *s;
+  const shard_ref *s;
   size_t n;
-  if (find_shards(t, name, &s, &n, err, errlen)) return -1;
+  find_shards(t, name, &s, &n);
   int rc = n == 0 ? 1 : check_tiling(t, name, s, n, numel, err, errlen);
   if (rc == 0) *count = n, *order = s[0].t;
-  free(s);
   return rc;
 }
 
@@ -199,9 +228,9 @@ int ckpt_tset_read(const ckpt_tset *t, const char *name, int ndim, const int64_t
   for (int d = 0; d < ndim; d++) numel *= shape[d];
   const st_file *f;
   if (ckpt_tset_find(t, name, &f)) return st_get_f32(f, name, dst, numel, err, errlen);
-  shard_ref *s;
+  const shard_ref *s;
   size_t n;
-  if (find_shards(t, name, &s, &n, err, errlen)) return -1;
+  find_shards(t, name, &s, &n);
   int rc = n == 0 ? errf(err, errlen, "%s: no tensor '%s', whole or in shards", t->label, name)
                   : check_tiling(t, name, s, n, numel, err, errlen);
   const int tr = rc == 0 && s[0].t;
@@ -210,8 +239,7 @@ int ckpt_tset_read(const ckpt_tset *t, const char *name, int ndim, const int64_t
   if (!buf) rc = errf(err, errlen, "out of host memory reading the shards of '%s'", name);
   for (size_t i = 0; rc == 0 && i < n; i++) rc = st_get_f32(s[i].f, s[i].v->name, buf + s[i].lo, s[i].v->numel, err, errlen);
   if (rc == 0 && tr) transpose_into(buf, dst, shape[1], shape[0]);
-  if (tr) free(buf);
-  free(s);
+  if (buf != dst) free(buf);
   return rc;
 }
 

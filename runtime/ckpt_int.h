@@ -17,11 +17,14 @@ void ckpt_part_name(char *buf, size_t len, const char *kind, int k, int n);
 /* The tensors of one kind in a checkpoint directory: KIND.safetensors, or the parts that
  * KIND.safetensors.index.json maps every tensor name to (each name in exactly one part, each
  * part holding exactly the names mapped to it). */
+typedef struct ckpt_shard_ref ckpt_shard_ref;
 typedef struct {
   st_file **files; /* (n) */
   size_t n;
   st_json *index;  /* NULL for one file */
   char label[4200]; /* the file or the index, for messages */
+  ckpt_shard_ref *shards; /* (n_shards) every ZeRO shard, by moment name then start */
+  size_t n_shards;
 } ckpt_tset;
 
 int ckpt_tset_open(ckpt_tset *t, const char *dir, const char *kind, char *err, size_t errlen);

@@ -24,7 +24,7 @@ gpu_runtime *gpu_runtime_new(rt_params *ps, const char *dump_dir, char *err, siz
 /* The same on GPU `ordinal` (a rank's own GPU under data/expert parallelism). */
 gpu_runtime *gpu_runtime_new_on(rt_params *ps, int ordinal, const char *dump_dir, char *err, size_t errlen);
 void gpu_runtime_free(gpu_runtime *rt);
-/* Copies the device's weights and moments into ps (for checkpoints), or ps into the device. */
+/* Copies the device's weights and moments into ps (host copies a test compares), or ps into the device. */
 int gpu_runtime_download(gpu_runtime *rt, rt_params *ps, char *err, size_t errlen);
 /* One tensor of parameter i (its index in the store) into dst: the f32 weight (which 0,
  * numel values) or the AdamW moment values the device holds (1: m, 2: v; mn values, a ZeRO

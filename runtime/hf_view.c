@@ -57,6 +57,7 @@ static int store(void *ctx, int which, const float *src, char *err, size_t errle
   const int shard = which && p->zero_group >= 0;
   const int64_t n = shard ? p->mn : p->numel;
   float *host = which == 0 ? p->w : which == 1 ? p->m : p->v, *tmp = NULL;
+  if (n == 0) return 0; /* an empty ZeRO shard */
   if (!s->rt && !host) return errf(err, errlen, "%s: no host copy to load into", p->name);
   const float *from = src;
   if (s->transposed) { /* [out, in] -> [in, out]: into place, or into a buffer to cut or upload from */
@@ -100,7 +101,8 @@ static int make(const ckpt_part *part, gpu_runtime *rt, view_kind kind, hf_view 
     c->fetch_ctx = s, c->has_moments = 1;
     if (save) c->fetch = fetch;
     else c->store = store;
-    if (save && p->zero_group >= 0) c->shard_lo = p->mlo, c->shard_n = p->mn, c->has_moments = p->mn > 0;
+    if (save && p->zero_group >= 0) /* an empty shard (past the end: mlo may exceed numel) writes nothing */
+      c->shard_lo = p->mn > 0 ? p->mlo : 0, c->shard_n = p->mn, c->has_moments = p->mn > 0;
     v->n++;
   }
   return 0;

@@ -57,13 +57,15 @@ static int save_checkpoint(const ckpt_part *part, gpu_runtime *rt, int64_t step,
   return rc;
 }
 
-/* Resumes from DIR's latest checkpoint: into the host copies, or with rt a tensor at a time
- * straight to the GPU; with check_only, every check and nothing read. */
+/* Resumes from the checkpoint at path, or where path is "" DIR's latest (its path left in path,
+ * CKPT_PATH_LEN bytes): into the host copies, or with rt a tensor at a time straight to the
+ * GPU; with check_only, every check and nothing read. */
+#define CKPT_PATH_LEN 4096
 static int load_checkpoint(const ckpt_part *self, gpu_runtime *rt, rt_params *ps, int subset, const char *dir,
-                           int check_only) {
-  char path[4096], err[1024] = "";
+                           char *path, int check_only) {
+  char err[1024] = "";
   int64_t step = 0;
-  int found = ckpt_latest_err(dir, path, sizeof path, &step, err, sizeof err);
+  int found = path[0] ? 1 : ckpt_latest_err(dir, path, CKPT_PATH_LEN, &step, err, sizeof err);
   if (found <= 0) {
     if (found == 0)
       fprintf(stderr, "moec: error: --resume: no checkpoint in '%s' (no '%s/latest'); run without --resume to start fresh\n", dir, dir);
@@ -112,6 +114,7 @@ static int save_checkpoint_parts(const ckpt_part *self, gpu_runtime *rt, comm *c
     return -1;
   }
   hf_view v, vm;
+  memset(&vm, 0, sizeof vm);
   int32_t good = hf_view_for_save(self, rt, &v) == 0 && hf_view_for_save_moments(self, rt, &vm) == 0;
   ckpt_contents cc = hf_view_contents(self->g, &v), cm = hf_view_contents(self->g, &vm);
   if (!good) snprintf(e, sizeof e, "out of host memory (or a parameter missing from this rank's store)");
@@ -305,6 +308,7 @@ static int train_rank(rank_ctx *r) {
   int ep = cfg->ep > 1 ? (int)cfg->ep : 1;
   rt_params *ps = rt_params_new(step_g, (uint64_t)cfg->seed);
   ckpt_part self = {step_g, ps, 0, 0};
+  char resume_path[CKPT_PATH_LEN] = ""; /* the checkpoint a GPU run checks first and reads later */
   executors ex;
   memset(&ex, 0, sizeof ex);
   FILE *logf = NULL;
@@ -320,7 +324,7 @@ static int train_rank(rank_ctx *r) {
     }
     /* with ep > 1 this rank reads the dense parameters and its own experts only; a GPU run
        only checks the checkpoint here, and reads it after the upload (below) */
-    if (load_checkpoint(&self, NULL, ps, ep > 1, o->ckpt_dir, o->cuda)) goto done;
+    if (load_checkpoint(&self, NULL, ps, ep > 1, o->ckpt_dir, resume_path, o->cuda)) goto done;
     if (!o->cuda && ps->moments_bf16) /* moments saved in f32 (a run without moments = bf16) start as a GPU would hold them */
       for (int i = 0; i < ps->n; i++) ck_round_bf16(ps->p[i].m, ps->p[i].numel), ck_round_bf16(ps->p[i].v, ps->p[i].numel);
     if (!o->cuda) fprintf(msgf, "resumed from %s at step %lld\n", o->ckpt_dir, (long long)ps->step);
@@ -342,7 +346,7 @@ static int train_rank(rank_ctx *r) {
     if (gpu_rank_setup(r, ps, &ex, msgf, err, sizeof err)) goto done;
     rt_params_release_host(ps); /* on the device now; checkpoints fetch from there (hf_view.h) */
     /* a resume reads each tensor straight to the device: one on the host at a time, not the part */
-    if (o->resume && load_checkpoint(&self, ex.rt, ps, ep > 1, o->ckpt_dir, 0)) goto done;
+    if (o->resume && load_checkpoint(&self, ex.rt, ps, ep > 1, o->ckpt_dir, resume_path, 0)) goto done;
     if (o->resume) fprintf(msgf, "resumed from %s at step %lld\n", o->ckpt_dir, (long long)ps->step);
   } else if (!(ex.cpu_step = cpu_exec_new(step_g, ps, err, sizeof err)) || !(ex.cpu_fwd = cpu_exec_new(fwd, ps, err, sizeof err))) {
     fprintf(msgf, "moec: internal error: %s\n", err);
