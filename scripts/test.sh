@@ -10,11 +10,14 @@ jobs=$(nproc)
 cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
 cmake --build build -j "$jobs"
 ctest --test-dir build --output-on-failure -j "$jobs"
-# the GPU kernels and the GPU executor's training step against the CPU, without a GPU: the CPU
-# emulator (scripts/cuda_emu: the generated kernels as host code behind stand-in libcuda and
-# libcublasLt), where NVRTC is installed (it still compiles every module)
+# the GPU kernels, the GPU executor's training step and its data/expert parallelism (ZeRO,
+# checkpoints and resumes included; ranks as threads on the one emulated GPU) against the CPU,
+# without a GPU: the CPU emulator (scripts/cuda_emu: the generated kernels as host code behind
+# stand-in libcuda and libcublasLt), where NVRTC is installed (it still compiles every module)
 if ls /usr/local/cuda/lib64/libnvrtc.so* >/dev/null 2>&1 || ldconfig -p | grep -q libnvrtc; then
-  MOEC_GPU_STEP_ONLY=tiny MOEC_GPU_STEP_STEPS=3 bash scripts/cuda_emu/run.sh build test_gpu_kernels test_gpu_fused test_gpu_tiles test_gpu_narrow test_gpu_step
+  MOEC="$PWD/build/moec" MOEC_TEST_RUN_TIMEOUT=900 MOEC_GPU_STEP_ONLY=tiny MOEC_GPU_STEP_STEPS=3 \
+    bash scripts/cuda_emu/run.sh build test_gpu_kernels test_gpu_fused test_gpu_tiles test_gpu_narrow test_gpu_step \
+    test_gpu_parallel
 else
   echo "cuda emulator: skipped (NVRTC is not installed)"
 fi
