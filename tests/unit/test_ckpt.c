@@ -778,6 +778,17 @@ static int save_two_parts(const char *dir, int64_t step, const model *m, const m
   return ckpt_parts_finish(dir, step, tmp, 2, 2, &ca, err, errlen);
 }
 
+/* The checkpoint at path holds the n files named and not `absent`. */
+static void check_files(const char *path, const char *const *files, int n, const char *absent) {
+  char f[1024];
+  for (int i = 0; i < n; i++) {
+    snprintf(f, sizeof f, "%s/%s", path, files[i]);
+    CHECK(access(f, R_OK) == 0);
+  }
+  snprintf(f, sizeof f, "%s/%s", path, absent);
+  CHECK(access(f, F_OK) != 0);
+}
+
 /* ---------------------------------------------------------------- ZeRO moment shards */
 
 /* m's moments in n_parts ZeRO parts (ckpt.h) of step, the model whole in one file: parameter 0's
@@ -854,12 +865,7 @@ static void test_zero_shards(void) {
   CHECK(ckpt_latest(dir, path, sizeof path, NULL) == 1 && strstr(path, "step-00000008"));
   static const char *files[] = {"model.safetensors", "optimizer.safetensors.index.json",
                                 "optimizer-00001-of-00003.safetensors", "optimizer-00003-of-00003.safetensors"};
-  for (int i = 0; i < 4; i++) {
-    snprintf(f, sizeof f, "%s/%s", path, files[i]);
-    CHECK(access(f, R_OK) == 0);
-  }
-  snprintf(f, sizeof f, "%s/model.safetensors.index.json", path);
-  CHECK(access(f, F_OK) != 0);
+  check_files(path, files, 4, "model.safetensors.index.json");
   /* the shards' names: where they start, and in which order */
   snprintf(f, sizeof f, "%s/optimizer.safetensors.index.json", path);
   const char *idx = slurp(f);
@@ -947,12 +953,7 @@ static void test_parts(void) {
                                 "model-00002-of-00002.safetensors", "optimizer.safetensors.index.json",
                                 "optimizer-00001-of-00002.safetensors", "optimizer-00002-of-00002.safetensors",
                                 "config.json", "state.json"};
-  for (int i = 0; i < 8; i++) {
-    snprintf(f, sizeof f, "%s/%s", path, files[i]);
-    CHECK(access(f, R_OK) == 0);
-  }
-  snprintf(f, sizeof f, "%s/model.safetensors", path);
-  CHECK(access(f, F_OK) != 0);
+  check_files(path, files, 8, "model.safetensors");
   CHECK(count_prefix(dir, ".tmp-") == 0);
   /* the index maps every tensor to its part, and sums the data bytes */
   snprintf(f, sizeof f, "%s/model.safetensors.index.json", path);
