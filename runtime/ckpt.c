@@ -964,9 +964,11 @@ int ckpt_load(const char *path, const ckpt_contents *c, ckpt_state *state, char 
     goto out;
   }
   /* everything checks out: copy (a stored tensor through one buffer) */
-  int64_t most = 0;
-  for (size_t i = 0; i < c->n_params; i++)
+  int64_t most = 0, total = 0, done = 0;
+  for (size_t i = 0; i < c->n_params; i++) {
     if (c->params[i].store && numel_of(&c->params[i]) > most) most = numel_of(&c->params[i]);
+    total += numel_of(&c->params[i]) * (wants_moments(&c->params[i]) ? 3 : 1);
+  }
   float *buf = most ? malloc((size_t)most * sizeof *buf) : NULL;
   if (most && !buf) {
     seterr(err, errlen, "checkpoint %s: out of host memory for a tensor of %lld values", path, (long long)most);
@@ -984,6 +986,8 @@ int ckpt_load(const char *path, const ckpt_contents *c, ckpt_state *state, char 
       free(buf);
       goto out;
     }
+    done += numel_of(p) * (wants_moments(p) ? 3 : 1);
+    if (c->progress) c->progress(c->progress_ctx, done, total);
   }
   free(buf);
   if (state) {

@@ -57,12 +57,16 @@ static int save_checkpoint(const ckpt_part *part, gpu_runtime *rt, int64_t step,
   return rc;
 }
 
+static void resume_progress(void *ctx, int64_t done, int64_t total) {
+  if (ctx && total > 0) fprintf(stderr, "\rresuming: %3d%%", (int)(100.0 * (double)done / (double)total));
+}
+
 /* Resumes from the checkpoint at path, or where path is "" DIR's latest (its path left in path,
  * CKPT_PATH_LEN bytes): into the host copies, or with rt a tensor at a time straight to the
  * GPU; with check_only, every check and nothing read. */
 #define CKPT_PATH_LEN 4096
 static int load_checkpoint(const ckpt_part *self, gpu_runtime *rt, rt_params *ps, int subset, const char *dir,
-                           char *path, int check_only) {
+                           char *path, int check_only, int tty) {
   char err[1024] = "";
   int64_t step = 0;
   int found = path[0] ? 1 : ckpt_latest_err(dir, path, CKPT_PATH_LEN, &step, err, sizeof err);
@@ -81,7 +85,9 @@ static int load_checkpoint(const ckpt_part *self, gpu_runtime *rt, rt_params *ps
     ckpt_contents c = hf_view_contents(self->g, &v);
     c.subset = subset ? ".experts." : NULL; /* what other EP ranks hold */
     c.check_only = check_only;
+    c.progress = resume_progress, c.progress_ctx = tty ? &tty : NULL;
     rc = ckpt_load(path, &c, check_only ? NULL : &st, err, sizeof err);
+    if (tty && !check_only) fputs("\r", stderr);
     if (rc) fprintf(stderr, "moec: error: --resume: %s\n", err);
   } else {
     fprintf(stderr, "moec: error: out of host memory while resuming\n");
@@ -324,7 +330,7 @@ static int train_rank(rank_ctx *r) {
     }
     /* with ep > 1 this rank reads the dense parameters and its own experts only; a GPU run
        only checks the checkpoint here, and reads it after the upload (below) */
-    if (load_checkpoint(&self, NULL, ps, ep > 1, o->ckpt_dir, resume_path, o->cuda)) goto done;
+    if (load_checkpoint(&self, NULL, ps, ep > 1, o->ckpt_dir, resume_path, o->cuda, tty)) goto done;
     if (!o->cuda && ps->moments_bf16) /* moments saved in f32 (a run without moments = bf16) start as a GPU would hold them */
       for (int i = 0; i < ps->n; i++) ck_round_bf16(ps->p[i].m, ps->p[i].numel), ck_round_bf16(ps->p[i].v, ps->p[i].numel);
     if (!o->cuda) fprintf(msgf, "resumed from %s at step %lld\n", o->ckpt_dir, (long long)ps->step);
@@ -346,7 +352,7 @@ static int train_rank(rank_ctx *r) {
     if (gpu_rank_setup(r, ps, &ex, msgf, err, sizeof err)) goto done;
     rt_params_release_host(ps); /* on the device now; checkpoints fetch from there (hf_view.h) */
     /* a resume reads each tensor straight to the device: one on the host at a time, not the part */
-    if (o->resume && load_checkpoint(&self, ex.rt, ps, ep > 1, o->ckpt_dir, resume_path, 0)) goto done;
+    if (o->resume && load_checkpoint(&self, ex.rt, ps, ep > 1, o->ckpt_dir, resume_path, 0, tty)) goto done;
     if (o->resume) fprintf(msgf, "resumed from %s at step %lld\n", o->ckpt_dir, (long long)ps->step);
   } else if (!(ex.cpu_step = cpu_exec_new(step_g, ps, err, sizeof err)) || !(ex.cpu_fwd = cpu_exec_new(fwd, ps, err, sizeof err))) {
     fprintf(msgf, "moec: internal error: %s\n", err);
