@@ -7,7 +7,9 @@
  *     rank holds half the moments;
  *   - dp=4, ep=2 x dp=2, ep=2 alone: the same as one rank (<= 1e-5 relative, parallel_test.h);
  *   - moments = bf16 with zero: the same bytes as without;
- *   - checkpoints move in and out of zero: dp=2 zero -> one rank, one rank -> ep=2 x dp=2 zero.
+ *   - checkpoints move in and out of zero and across layouts (each rank writing its shards): dp=2
+ *     zero -> one rank, one rank -> ep=2 x dp=2 zero, dp=2 zero -> dp=4 zero, ep=2 x dp=2 zero
+ *     -> ep=2, and dp=6 zero with empty shards -> one rank.
  * Needs $MOEC (ctest sets it). */
 #include <math.h>
 #include <stdlib.h>
@@ -136,6 +138,10 @@ int main(void) {
   CHECK(run_cpu("--steps 6 --set dp=2 --set zero=true --stop-at 3", "rz3") == 0, "dp=2 zero --stop-at 3 failed");
   CHECK(run_cpu("--steps 6 --set dp=4 --set zero=true --resume", "rz3") == 0, "resume at dp=4 zero failed");
   same_as("one", "rz3", 6);
+  /* ep=2 x dp=2's shards (experts over DP, the dense over the world) -> ep=2 alone, no zero */
+  CHECK(run_cpu("--steps 6 --set ep=2 --set dp=2 --set zero=true --stop-at 3", "rz4") == 0, "ep=2 dp=2 zero --stop-at 3 failed");
+  CHECK(run_cpu("--steps 6 --set ep=2 --resume", "rz4") == 0, "resume at ep=2 failed");
+  same_as("one", "rz4", 6);
   /* dp=6 at hidden 8: a norm's 8 values in shards of 2 leave ranks 4 and 5 none (rank 5's would
    * start at 10, past the end): those write nothing of it, and the rest still loads whole */
 #define TINY8 "--steps 4 --set hidden=8 --set ffn=8 --set seq=16 --set batch=6 --set heads=2 --set kv_heads=2"
