@@ -809,9 +809,9 @@ static int check_tensor_set(const ckpt_tset *t, const ckpt_contents *c, int mome
       int order, r = moments && !v ? ckpt_tset_shards(t, nm, numel_of(p), &shards, &order, err, errlen) : 1;
       if (r < 0) return -1;
       if (r == 0 && order != p->shard_t) {
-        seterr(err, errlen, "%s: the ZeRO shards of '%s' are in the order of %s, but this model holds it as %s: a "
-               "checkpoint of a different model?", file, nm, order ? "its transpose" : "its shape",
-               p->shard_t ? "the transpose" : "shaped");
+        seterr(err, errlen, "%s: the ZeRO shards of '%s' are in its %s order, but this model holds it in its %s: a "
+               "checkpoint of a different model?", file, nm, order ? "transpose's" : "shape's",
+               p->shard_t ? "transpose's" : "shape's");
         return -1;
       }
       if (r == 0) {
