@@ -326,14 +326,33 @@ static int validate_contents(const ckpt_contents *c, int saving, char *err, size
   return 0;
 }
 
+/* The values of a save's fetched tensors written so far, for ckpt_contents.progress. */
+typedef struct {
+  const ckpt_contents *c;
+  int64_t done, total;
+} save_progress;
+
 /* A fetched tensor (ckpt_param.fetch) as the safetensors writer's producer. */
 typedef struct {
   const ckpt_param *p;
   int which; /* 0 weight, 1 exp_avg, 2 exp_avg_sq */
+  save_progress *sp;
 } fetch_job;
 
 /* The values a save writes of tensor `which` of p: a ZeRO shard's, or all. */
 static int64_t values_written(const ckpt_param *p, int which) { return which && p->shard_n > 0 ? p->shard_n : numel_of(p); }
+
+/* What a save of kind `which` (0 weights, 1 moments, 2 both) fetches of c, in values. */
+static int64_t fetched_values(const ckpt_contents *c, int which) {
+  int64_t n = 0;
+  for (size_t i = 0; i < c->n_params; i++) {
+    const ckpt_param *p = &c->params[i];
+    if (!p->fetch) continue;
+    if (which != 1) n += numel_of(p);
+    if (which != 0 && p->has_moments) n += 2 * values_written(p, 1);
+  }
+  return n;
+}
 
 static int produce_fetched(void *ctx, void *dst, uint64_t bytes, char *err, size_t errlen) {
   const fetch_job *j = ctx;
@@ -342,10 +361,15 @@ static int produce_fetched(void *ctx, void *dst, uint64_t bytes, char *err, size
     seterr(err, errlen, "%llu bytes asked for %lld values", (unsigned long long)bytes, (long long)n);
     return -1;
   }
-  return j->p->fetch(j->p->fetch_ctx, j->which, dst, err, errlen);
+  if (j->p->fetch(j->p->fetch_ctx, j->which, dst, err, errlen)) return -1;
+  if (j->sp && j->sp->c->progress) {
+    j->sp->done += n;
+    j->sp->c->progress(j->sp->c->progress_ctx, j->sp->done, j->sp->total);
+  }
+  return 0;
 }
 
-static int write_tensors(const char *path, const ckpt_contents *c, int which, char *err,
+static int write_tensors(const char *path, const ckpt_contents *c, int which, save_progress *sp, char *err,
                          size_t errlen) {
   /* which: 0 = weights, 1 = moments */
   size_t n = 0, cap = c->n_params * (which ? 2 : 1);
@@ -364,7 +388,7 @@ static int write_tensors(const char *path, const ckpt_contents *c, int which, ch
       if (p->fetch ? which && !p->has_moments : !data) continue;
       st_tensor *s = &t[n];
       if (p->fetch) {
-        jobs[n] = (fetch_job){p, which ? 1 + k : 0};
+        jobs[n] = (fetch_job){p, which ? 1 + k : 0, sp};
         s->produce = produce_fetched, s->produce_ctx = &jobs[n];
         data = NULL;
       }
@@ -638,11 +662,12 @@ int ckpt_save(const char *dir, int64_t step, const ckpt_contents *c, char *err, 
   if (validate_contents(c, 1, err, errlen) != 0 || save_begin(&s, dir, step, err, errlen) != 0) return -1;
   /* every file of the checkpoint, each fsynced, in the temporary directory */
   const char *stage = "model.safetensors";
+  save_progress sp = {c, 0, fetched_values(c, 2)};
   snprintf(file, sizeof file, "%s/model.safetensors", s.tmp);
-  if (write_tensors(file, c, 0, inner, sizeof inner) != 0) goto fail;
+  if (write_tensors(file, c, 0, &sp, inner, sizeof inner) != 0) goto fail;
   stage = "optimizer.safetensors";
   snprintf(file, sizeof file, "%s/optimizer.safetensors", s.tmp);
-  if (write_tensors(file, c, 1, inner, sizeof inner) != 0) goto fail;
+  if (write_tensors(file, c, 1, &sp, inner, sizeof inner) != 0) goto fail;
   if (save_meta(&s, step, c, &stage, inner, sizeof inner) != 0) goto fail;
   return save_place(&s, dir, step, c->keep, err, errlen);
 fail:
@@ -677,7 +702,8 @@ int ckpt_parts_write(const char *tmp, const char *kind, int k, int n, const ckpt
   if (n == 1) snprintf(part, sizeof part, "%s.safetensors", kind);
   else ckpt_part_name(part, sizeof part, kind, k, n);
   snprintf(file, sizeof file, "%s/%s", tmp, part);
-  if (write_tensors(file, c, which, inner, sizeof inner) != 0) {
+  save_progress sp = {c, 0, fetched_values(c, which)};
+  if (write_tensors(file, c, which, &sp, inner, sizeof inner) != 0) {
     seterr(err, errlen, "checkpoint part %s not written: %s", part, inner);
     return -1;
   }

@@ -99,8 +99,8 @@ typedef struct {
                                    checkpoint may also hold tensors whose names contain it
                                    (an EP rank reads its own experts, not the others') */
   int check_only;               /* load only: every check, nothing read into the params */
-  /* load only, may be NULL: called after each parameter read, with the values read so far
-     and all the load reads (a progress bar for a large resume) */
+  /* may be NULL: called after each parameter a load reads, or each tensor a save fetches (a
+     part's, with ckpt_parts_write), with the values so far and in all (a progress bar) */
   void (*progress)(void *ctx, int64_t done, int64_t total);
   void *progress_ctx;
 } ckpt_contents;

@@ -38,8 +38,15 @@ int train_param_is_linear_weight(const ir_graph *g, int id) {
 }
 
 /* ---- checkpoints (the parameters' Hugging Face view: hf_view.h) ---- */
+/* ckpt_contents.progress on a terminal: ctx names the work ("resuming", "checkpoint"). */
+static char resuming_label[] = "resuming", saving_label[] = "checkpoint";
+static void ckpt_progress(void *ctx, int64_t done, int64_t total) {
+  if (total > 0) /* over the progress bar: erase the rest of its line */
+    fprintf(stderr, "\r%s: %3d%%\033[K", (const char *)ctx, (int)(100.0 * (double)done / (double)total));
+}
+
 /* One rank writes the whole checkpoint (from the GPU runtime rt when not NULL). */
-static int save_checkpoint(const ckpt_part *part, gpu_runtime *rt, int64_t step, const char *dir, double loss) {
+static int save_checkpoint(const ckpt_part *part, gpu_runtime *rt, int64_t step, const char *dir, double loss, int tty) {
   hf_view v;
   char err[1024] = "";
   int rc = hf_view_for_save(part, rt, &v);
@@ -49,7 +56,9 @@ static int save_checkpoint(const ckpt_part *part, gpu_runtime *rt, int64_t step,
     ckpt_kv kv[] = {{"data_position", CKPT_INT, step, 0, NULL}, {"loss", CKPT_F64, 0, isfinite(loss) ? loss : 0, NULL}};
     c.state = kv;
     c.n_state = 2;
+    if (tty) c.progress = ckpt_progress, c.progress_ctx = saving_label;
     rc = ckpt_save(dir, step, &c, err, sizeof err);
+    if (tty) fputs("\r", stderr);
   }
   hf_view_free(&v);
   if (rc) fprintf(stderr, "moec: error: --ckpt-dir %s: checkpoint of step %lld not written: %s\n", dir, (long long)step, err);
@@ -57,9 +66,6 @@ static int save_checkpoint(const ckpt_part *part, gpu_runtime *rt, int64_t step,
   return rc;
 }
 
-static void resume_progress(void *ctx, int64_t done, int64_t total) {
-  if (ctx && total > 0) fprintf(stderr, "\rresuming: %3d%%", (int)(100.0 * (double)done / (double)total));
-}
 
 /* Resumes from the checkpoint at path, or where path is "" DIR's latest (its path left in path,
  * CKPT_PATH_LEN bytes): into the host copies, or with rt a tensor at a time straight to the
@@ -85,7 +91,7 @@ static int load_checkpoint(const ckpt_part *self, gpu_runtime *rt, rt_params *ps
     ckpt_contents c = hf_view_contents(self->g, &v);
     c.subset = subset ? ".experts." : NULL; /* what other EP ranks hold */
     c.check_only = check_only;
-    c.progress = resume_progress, c.progress_ctx = tty ? &tty : NULL;
+    if (tty) c.progress = ckpt_progress, c.progress_ctx = resuming_label;
     rc = ckpt_load(path, &c, check_only ? NULL : &st, err, sizeof err);
     if (tty && !check_only) fputs("\r", stderr);
     if (rc) fprintf(stderr, "moec: error: --resume: %s\n", err);
@@ -104,7 +110,7 @@ static int load_checkpoint(const ckpt_part *self, gpu_runtime *rt, rt_params *ps
  * of them), and every rank of c its part of the optimizer state (its moments: whole ones as
  * self says, and with ZeRO-1 its shards). c: the EP group, or with ZeRO the world. ---- */
 static int save_checkpoint_parts(const ckpt_part *self, gpu_runtime *rt, comm *c, int n_model, int64_t step,
-                                 const char *dir, double loss, char *err, size_t errlen) {
+                                 const char *dir, double loss, int tty, char *err, size_t errlen) {
   const int me = comm_rank(c), n = comm_size(c);
   struct {
     int32_t ok;
@@ -123,9 +129,11 @@ static int save_checkpoint_parts(const ckpt_part *self, gpu_runtime *rt, comm *c
   memset(&vm, 0, sizeof vm);
   int32_t good = hf_view_for_save(self, rt, &v) == 0 && hf_view_for_save_moments(self, rt, &vm) == 0;
   ckpt_contents cc = hf_view_contents(self->g, &v), cm = hf_view_contents(self->g, &vm);
+  if (tty) cc.progress = cm.progress = ckpt_progress, cc.progress_ctx = cm.progress_ctx = saving_label;
   if (!good) snprintf(e, sizeof e, "out of host memory (or a parameter missing from this rank's store)");
   else if (me < n_model && ckpt_parts_write(start.tmp, "model", me, n_model, &cc, e, sizeof e)) good = 0;
   else if (ckpt_parts_write(start.tmp, "optimizer", me, n, &cm, e, sizeof e)) good = 0;
+  if (tty) fputs("\r", stderr);
   if (!good) fprintf(stderr, "moec: error: --ckpt-dir %s: checkpoint of step %lld, rank %d's part: %s\n", dir, (long long)step, me, e);
   int32_t all = good;
   int rc = comm_all_reduce_sum(c, &all, 1, COMM_I32, err, errlen);
@@ -238,12 +246,13 @@ typedef struct {
 static int save_any(const rank_ctx *r, rt_params *ps, gpu_runtime *rt, int ep, int64_t step, double loss, char *err,
                     size_t errlen) {
   ckpt_part self = {r->step_g, ps, r->rank > 0, r->rank >= ep};
+  const int tty = r->o->progress && r->rank == 0;
   if (r->step_g->cfg.zero && r->comm)
-    return save_checkpoint_parts(&self, rt, comm_get(r->comm, r->rank, COMM_WORLD), ep, step, r->o->ckpt_dir, loss, err,
-                                 errlen);
+    return save_checkpoint_parts(&self, rt, comm_get(r->comm, r->rank, COMM_WORLD), ep, step, r->o->ckpt_dir, loss, tty,
+                                 err, errlen);
   if (r->rank >= ep) return 0;
-  if (ep == 1) return save_checkpoint(&self, rt, step, r->o->ckpt_dir, loss);
-  return save_checkpoint_parts(&self, rt, comm_get(r->comm, r->rank, COMM_EP), ep, step, r->o->ckpt_dir, loss, err,
+  if (ep == 1) return save_checkpoint(&self, rt, step, r->o->ckpt_dir, loss, tty);
+  return save_checkpoint_parts(&self, rt, comm_get(r->comm, r->rank, COMM_EP), ep, step, r->o->ckpt_dir, loss, tty, err,
                                errlen);
 }
 
