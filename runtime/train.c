@@ -38,11 +38,23 @@ int train_param_is_linear_weight(const ir_graph *g, int id) {
 }
 
 /* ---- checkpoints (the parameters' Hugging Face view: hf_view.h) ---- */
-/* ckpt_contents.progress on a terminal: ctx names the work ("resuming", "checkpoint"). */
-static char resuming_label[] = "resuming", saving_label[] = "checkpoint";
+/* ckpt_contents.progress on a terminal: "LABEL: NN%" over the progress bar's line, written when
+ * the percentage changes; progress_clear erases it after. */
+typedef struct {
+  const char *label;
+  int shown; /* the percentage on the line, -1: none yet */
+} progress_line;
+
 static void ckpt_progress(void *ctx, int64_t done, int64_t total) {
-  if (total > 0) /* over the progress bar: erase the rest of its line */
-    fprintf(stderr, "\r%s: %3d%%\033[K", (const char *)ctx, (int)(100.0 * (double)done / (double)total));
+  progress_line *l = ctx;
+  const int pct = total > 0 ? (int)(100.0 * (double)done / (double)total) : 100;
+  if (pct == l->shown) return;
+  l->shown = pct;
+  fprintf(stderr, "\r%s: %3d%%\033[K", l->label, pct);
+}
+
+static void progress_clear(int tty) {
+  if (tty) fputs("\r\033[K", stderr);
 }
 
 /* One rank writes the whole checkpoint (from the GPU runtime rt when not NULL). */
@@ -56,9 +68,10 @@ static int save_checkpoint(const ckpt_part *part, gpu_runtime *rt, int64_t step,
     ckpt_kv kv[] = {{"data_position", CKPT_INT, step, 0, NULL}, {"loss", CKPT_F64, 0, isfinite(loss) ? loss : 0, NULL}};
     c.state = kv;
     c.n_state = 2;
-    if (tty) c.progress = ckpt_progress, c.progress_ctx = saving_label;
+    progress_line pl = {"checkpoint", -1};
+    if (tty) c.progress = ckpt_progress, c.progress_ctx = &pl;
     rc = ckpt_save(dir, step, &c, err, sizeof err);
-    if (tty) fputs("\r", stderr);
+    progress_clear(tty);
   }
   hf_view_free(&v);
   if (rc) fprintf(stderr, "moec: error: --ckpt-dir %s: checkpoint of step %lld not written: %s\n", dir, (long long)step, err);
@@ -91,9 +104,10 @@ static int load_checkpoint(const ckpt_part *self, gpu_runtime *rt, rt_params *ps
     ckpt_contents c = hf_view_contents(self->g, &v);
     c.subset = subset ? ".experts." : NULL; /* what other EP ranks hold */
     c.check_only = check_only;
-    if (tty) c.progress = ckpt_progress, c.progress_ctx = resuming_label;
+    progress_line pl = {"resuming", -1};
+    if (tty) c.progress = ckpt_progress, c.progress_ctx = &pl;
     rc = ckpt_load(path, &c, check_only ? NULL : &st, err, sizeof err);
-    if (tty && !check_only) fputs("\r", stderr);
+    progress_clear(tty && !check_only);
     if (rc) fprintf(stderr, "moec: error: --resume: %s\n", err);
   } else {
     fprintf(stderr, "moec: error: out of host memory while resuming\n");
@@ -129,11 +143,12 @@ static int save_checkpoint_parts(const ckpt_part *self, gpu_runtime *rt, comm *c
   memset(&vm, 0, sizeof vm);
   int32_t good = hf_view_for_save(self, rt, &v) == 0 && hf_view_for_save_moments(self, rt, &vm) == 0;
   ckpt_contents cc = hf_view_contents(self->g, &v), cm = hf_view_contents(self->g, &vm);
-  if (tty) cc.progress = cm.progress = ckpt_progress, cc.progress_ctx = cm.progress_ctx = saving_label;
+  progress_line pm = {"checkpoint (model)", -1}, po = {"checkpoint (optimizer state)", -1};
+  if (tty) cc.progress = cm.progress = ckpt_progress, cc.progress_ctx = &pm, cm.progress_ctx = &po;
   if (!good) snprintf(e, sizeof e, "out of host memory (or a parameter missing from this rank's store)");
   else if (me < n_model && ckpt_parts_write(start.tmp, "model", me, n_model, &cc, e, sizeof e)) good = 0;
   else if (ckpt_parts_write(start.tmp, "optimizer", me, n, &cm, e, sizeof e)) good = 0;
-  if (tty) fputs("\r", stderr);
+  progress_clear(tty);
   if (!good) fprintf(stderr, "moec: error: --ckpt-dir %s: checkpoint of step %lld, rank %d's part: %s\n", dir, (long long)step, me, e);
   int32_t all = good;
   int rc = comm_all_reduce_sum(c, &all, 1, COMM_I32, err, errlen);
