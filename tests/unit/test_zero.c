@@ -104,6 +104,17 @@ static void check_dump(void) {
   CHECK(mp > 0 && fabs(mz / mp - 0.5) < 0.01, "predicted moments %.0f with zero, %.0f without", mz, mp);
 }
 
+/* A run of `args` stopped at step `stop`, resumed with `resume` (the same --steps), matches
+ * run `ref` after `steps` steps. */
+static void resumed(const char *args, int stop, const char *resume, const char *tag, const char *ref, int steps) {
+  char a[512], b[512];
+  snprintf(a, sizeof a, "%s --stop-at %d", args, stop);
+  snprintf(b, sizeof b, "%s --resume", resume);
+  CHECK(run_cpu(a, tag) == 0, "%s: %s failed", tag, a);
+  CHECK(run_cpu(b, tag) == 0, "%s: %s failed", tag, b);
+  same_as(ref, tag, steps);
+}
+
 int main(void) {
   char dir[] = "/tmp/moec-zero-XXXXXX";
   if (parallel_test_begin(dir)) return 1;
@@ -129,26 +140,16 @@ int main(void) {
   same_bytes("bf", "bfz", 4);
   /* checkpoints move: zero's shards -> one rank, one rank -> ep=2 x dp=2 with zero, and zero's
    * shards -> another world size with zero (dp=2 -> dp=4) */
-  CHECK(run_cpu("--steps 6 --set dp=2 --set zero=true --stop-at 3", "rz1") == 0, "dp=2 zero --stop-at 3 failed");
-  CHECK(run_cpu("--steps 6 --resume", "rz1") == 0, "resume at one rank failed");
-  same_as("one", "rz1", 6);
-  CHECK(run_cpu("--steps 6 --stop-at 3", "rz2") == 0, "one rank --stop-at 3 failed");
-  CHECK(run_cpu("--steps 6 --set ep=2 --set dp=2 --set zero=true --resume", "rz2") == 0, "resume at ep=2 dp=2 zero failed");
-  same_as("one", "rz2", 6);
-  CHECK(run_cpu("--steps 6 --set dp=2 --set zero=true --stop-at 3", "rz3") == 0, "dp=2 zero --stop-at 3 failed");
-  CHECK(run_cpu("--steps 6 --set dp=4 --set zero=true --resume", "rz3") == 0, "resume at dp=4 zero failed");
-  same_as("one", "rz3", 6);
+  resumed("--steps 6 --set dp=2 --set zero=true", 3, "--steps 6", "rz1", "one", 6);
+  resumed("--steps 6", 3, "--steps 6 --set ep=2 --set dp=2 --set zero=true", "rz2", "one", 6);
+  resumed("--steps 6 --set dp=2 --set zero=true", 3, "--steps 6 --set dp=4 --set zero=true", "rz3", "one", 6);
   /* ep=2 x dp=2's shards (experts over DP, the dense over the world) -> ep=2 alone, no zero */
-  CHECK(run_cpu("--steps 6 --set ep=2 --set dp=2 --set zero=true --stop-at 3", "rz4") == 0, "ep=2 dp=2 zero --stop-at 3 failed");
-  CHECK(run_cpu("--steps 6 --set ep=2 --resume", "rz4") == 0, "resume at ep=2 failed");
-  same_as("one", "rz4", 6);
+  resumed("--steps 6 --set ep=2 --set dp=2 --set zero=true", 3, "--steps 6 --set ep=2", "rz4", "one", 6);
   /* dp=6 at hidden 8: a norm's 8 values in shards of 2 leave ranks 4 and 5 none (rank 5's would
    * start at 10, past the end): those write nothing of it, and the rest still loads whole */
 #define TINY8 "--steps 4 --set hidden=8 --set ffn=8 --set seq=16 --set batch=6 --set heads=2 --set kv_heads=2"
   CHECK(run_cpu(TINY8, "one8") == 0, "one rank at hidden 8 failed");
-  CHECK(run_cpu(TINY8 " --set dp=6 --set zero=true --stop-at 2", "rz6") == 0, "dp=6 zero --stop-at 2 failed");
-  CHECK(run_cpu(TINY8 " --resume", "rz6") == 0, "resume of dp=6 zero at one rank failed");
-  same_as("one8", "rz6", 4);
+  resumed(TINY8 " --set dp=6 --set zero=true", 2, TINY8, "rz6", "one8", 4);
   char cmd[1024];
   snprintf(cmd, sizeof cmd, "rm -rf %s", tmp);
   if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", tmp);
