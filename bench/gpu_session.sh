@@ -42,10 +42,10 @@
 #            fp8tile's peer                                                              [150 s]
 #   fp8tilenr  fp8tile without the fuse-residual pass (the residual adds as separate kernels),
 #            reusing fp8tile's peer                                                      [100 s]
-#   fp8tilegn  fp8tile with MOEC_GATHER=1 (the FP8 quantizes gather the permuted rows instead of
-#            the expert permutes writing xs and dy; opt-in until run on a GPU), reusing fp8tile's
+#   fp8tilegn  fp8tile with MOEC_GATHER=0 (the expert permutes write xs and dy out instead of the
+#            FP8 quantizes gathering the permuted rows, the default), reusing fp8tile's
 #            peer                                                                        [100 s]
-#   gnab     fp8tile's moec run (no peer) with MOEC_GATHER=1 and without, twice in turn: tok/s and
+#   gnab     fp8tile's moec run (no peer) with MOEC_GATHER=1 (the default) and =0, twice in turn: tok/s and
 #            step-1 loss of each, for the switch alone when device time is short       [200 s]
 #   fp8tilecp  fp8tile with MOEC_SQUARES=0 (the expert weights kept as bf16 copies and quantized
 #            each step instead of AdamW writing their squares), reusing fp8tile's peer   [100 s]
@@ -165,7 +165,7 @@ for part in "${parts[@]}"; do
     f8=${MOEC_FP8_GEMM:-}; [ $part = steptinywg ] && f8=wgmma
     MOEC_FP8_GEMM=$f8 MOEC_GPU_STEP_ONLY=$only timeout $([ $part = step ] && echo 300 || echo 180) "$C/test_gpu_step" >"$L/$part.log" 2>&1
     echo "rc $?"
-    grep "worst loss\|fail\|between steps" "$L/$part.log" | head -16 ;;
+    grep "worst loss\|fail\|between steps\|VIEW_GATHER" "$L/$part.log" | head -20 ;;
   parallel)
     env MOEC=$C/moec timeout 300 stdbuf -oL "$C/test_gpu_parallel" >"$L/parallel.log" 2>&1; echo "rc $?"
     grep "vs one rank\|FAIL\|SKIP\|gpu_comm\|test_gpu_parallel" "$L/parallel.log" | head -20 ;;
@@ -235,7 +235,7 @@ for part in "${parts[@]}"; do
     bench LOGDIR=$L/$part PEER_SKIP=1 PRECISION='mxfp8(block=128,weight_tile=128)' MOEC_ARGS=$FUSED_MX_NR timeout 150 bash bench/run_bench.sh genos_1b ;;
   fp8tilegn)
     peer_from "$L/fp8tile" "$L/$part"
-    bench LOGDIR=$L/$part PEER_SKIP=1 MOEC_GATHER=1 PRECISION='mxfp8(block=128,weight_tile=128)' MOEC_ARGS=$FUSED_MX timeout 150 bash bench/run_bench.sh genos_1b ;;
+    bench LOGDIR=$L/$part PEER_SKIP=1 MOEC_GATHER=0 PRECISION='mxfp8(block=128,weight_tile=128)' MOEC_ARGS=$FUSED_MX timeout 150 bash bench/run_bench.sh genos_1b ;;
   gnab)
     i=0
     for g in 1 0 1 0; do

@@ -1063,11 +1063,11 @@ gpu_exec *gpu_exec_new(gpu_runtime *rt, const ir_graph *g, char *err, size_t err
     gpu_exec_free(x);
     return NULL;
   }
-  /* MOEC_GATHER=1: the FP8 quantizes gather the permuted rows (VIEW_GATHER). Opt-in until it has
-     run on a GPU: the CPU emulator's kernel and step tests pass, the H200 call that was to check
-     and time it got no answer (bench/RESULTS.md, 2026-12-04 sixth session) */
+  /* VIEW_GATHER: the FP8 quantizes gather the permuted rows (docs/cuda.md); the default since
+     it ran on an H100 (bench/RESULTS.md, 2026-12-06 second session). MOEC_GATHER=0 writes the
+     permute out as before. */
   const char *ga = getenv("MOEC_GATHER");
-  gpu_views_plan(g, &x->fp8, !x->grouped_device, ga && strcmp(ga, "1") == 0, x->last_use, x->view);
+  gpu_views_plan(g, &x->fp8, !x->grouped_device, !(ga && strcmp(ga, "0") == 0), x->last_use, x->view);
   if (plan_stacks(x, err, errlen) != 0) {
     gpu_exec_free(x);
     return NULL;

@@ -52,7 +52,7 @@ int gpu_exec_fp8_sites(const gpu_exec *x);
 /* How many expert-weight stacks of x's graph are kept as FP8 squares that AdamW writes (the
  * weight-tile recipe on cuBLASLt; MOEC_SQUARES=0: none). */
 int gpu_exec_squares(const gpu_exec *x);
-/* The expert permutes whose FP8 quantizes gather their rows (VIEW_GATHER, MOEC_GATHER=1). */
+/* The expert permutes whose FP8 quantizes gather their rows (VIEW_GATHER; MOEC_GATHER=0 turns it off). */
 int gpu_exec_gathers(const gpu_exec *x);
 /* For tests: each stack kept as squares and fresh compared, byte for byte, with the quantize of
  * its weights as they are now; the number checked, or -1 (err says which differed). Syncs. */
