@@ -180,9 +180,12 @@ int main(int argc, char **argv) {
   }
   /* the GroupedMLP's memory-bound kernels at each model's shapes (S rows, F = ffn), bytes
      moved / time: the split backward from the stored MXFP8 gate_up, the activation quantize,
-     and the gate_up weight's square quantize (E, H, 2F) transposed. Bytes an element of F:
-     split 12 (dact f32 4, gate|up E4M3 2, dgate|dup bf16 4, act bf16 2), act quantize 5 (gate|up
-     bf16 4, E4M3 1); the square quantize 3 an element of the weight (bf16 in, E4M3 out) */
+     the gate_up weight's square quantize (E, H, 2F) transposed, the split quantizing its dgate|dup
+     for the dgrad GEMM too (VIEW_SPLIT_Q), and that rows quantize alone (what the fused split
+     saves). Bytes an element of F: split 12 (dact f32 4, gate|up E4M3 2, dgate|dup bf16 4, act
+     bf16 2), act quantize 5 (gate|up bf16 4, E4M3 1); the square quantize 3 an element of the
+     weight (bf16 in, E4M3 out); the fused split 14 (dgate|dup E4M3 2 more); the rows quantize 6
+     (dgate|dup bf16 4 in, E4M3 2 out) */
   const gpu_ptr MB = (gpu_ptr)1 << 20;
   /* the split's E8M0 codes (u.b past gate_up's S x 2F E4M3 bytes): 127, scale 1, as a trained
      gate_up's are (~110-140), so the split takes the pairwise decode the step takes; u.b's bf16
@@ -191,26 +194,31 @@ int main(int argc, char **argv) {
   for (size_t mi = 0; mi < sizeof models / sizeof models[0]; mi++) {
     int64_t F = models[mi].ffn, H = models[mi].hidden;
     gpu_ptr out = u.c, act = u.c + 2 * (gpu_ptr)(S * F) * 2, dp = act + (gpu_ptr)(S * F) * 2 + MB;
-    for (int kn = 0; kn < 3; kn++) {
-      double bytes = kn == 0 ? (double)S * F * (4 + 2 + 2 * 2 + 2) : kn == 1 ? (double)S * F * (4 + 1) : (double)E * H * 2 * F * 3;
+    const gpu_ptr dq = u.c + 512 * MB, dsc = u.c + 700 * MB; /* dgate|dup's MXFP8 rows (S, 2F) and codes */
+    static const char *const names[] = {"mlp_bwd_split (MXFP8 gate_up)", "mxfp8_quantize_act", "mxfp8_quantize_tiles (E, H, 2F)^T",
+                                        "mlp_bwd_split_q (+ dgate|dup rows quantized)", "mxfp8_quantize dgate|dup rows (unfused)"};
+    static const double bytes_per_f[] = {4 + 2 + 2 * 2 + 2, 4 + 1, 0, 4 + 2 + 2 * 2 + 2 + 2, 4 + 2};
+    for (int kn = 0; kn < 5; kn++) {
+      double bytes = kn == 2 ? (double)E * H * 2 * F * 3 : (double)S * F * bytes_per_f[kn];
       for (int r = -1; r < reps; r++) { /* r = -1: warm-up */
         void *e0, *e1;
         gpu_event_new(G, &e0), gpu_event_new(G, &e1);
         gpu_event_record(G, e0);
-        int rc = kn == 0 ? rt_cuda_mlp_bwd_split_mx(KR, CG_DT_BF16, u.a, 0, 2 * F, u.b, u.b + (gpu_ptr)S * 2 * maxn, 32, u.sa, out,
-                                                    act, dp, S, F)
-               : kn == 1 ? rt_cuda_mxfp8_quantize_act(KR, CG_DT_BF16, u.a, 2 * F, u.sa, S, F, 32, 1, u.c, u.c + 200 * MB)
-                         : rt_cuda_mxfp8_quantize_tiles(KR, CG_DT_BF16, u.a, 0, E, H, 2 * F, 32, 1, u.c, u.c + 200 * MB,
-                                                        u.c + 300 * MB);
+        int rc = kn == 0 || kn == 3
+                     ? rt_cuda_mlp_bwd_split_mx(KR, CG_DT_BF16, u.a, 0, 2 * F, u.b, u.b + (gpu_ptr)S * 2 * maxn, 32, u.sa, out,
+                                                act, dp, S, F, kn == 3 ? dq : 0, kn == 3 ? dsc : 0, kn == 3 ? 128 : 0)
+                 : kn == 1 ? rt_cuda_mxfp8_quantize_act(KR, CG_DT_BF16, u.a, 2 * F, u.sa, S, F, 32, 1, u.c, u.c + 200 * MB)
+                 : kn == 2 ? rt_cuda_mxfp8_quantize_tiles(KR, CG_DT_BF16, u.a, 0, E, H, 2 * F, 32, 1, u.c, u.c + 200 * MB,
+                                                          u.c + 300 * MB)
+                           : rt_cuda_mxfp8_quantize(KR, CG_DT_BF16, out, S, 2 * F, 128, 1, dq, dsc);
         if (rc) die(rt_cuda_error(KR));
         gpu_event_record(G, e1);
         float ms = 0;
         if (gpu_event_elapsed(G, e0, e1, &ms) != 0) die("timing");
         gpu_event_free(G, e0), gpu_event_free(G, e1);
         if (r == reps - 1) /* the last, warm */
-          printf("{\"model\":\"%s\",\"kernel\":\"%s\",\"ms\":%.4f,\"GB_per_s\":%.0f}\n", models[mi].name,
-                 kn == 0 ? "mlp_bwd_split (MXFP8 gate_up)" : kn == 1 ? "mxfp8_quantize_act" : "mxfp8_quantize_tiles (E, H, 2F)^T",
-                 ms, bytes / (ms * 1e6));
+          printf("{\"model\":\"%s\",\"kernel\":\"%s\",\"ms\":%.4f,\"GB_per_s\":%.0f}\n", models[mi].name, names[kn], ms,
+                 bytes / (ms * 1e6));
       }
     }
   }

@@ -45,6 +45,8 @@
 #   fp8tilegn  fp8tile with MOEC_GATHER=0 (the expert permutes write xs and dy out instead of the
 #            FP8 quantizes gathering the permuted rows, the default), reusing fp8tile's
 #            peer                                                                        [100 s]
+#   fp8tilesq, og2tilesq  fp8tile / og2tile with MOEC_SPLIT_Q=0 (dgate|dup's rows quantize as a
+#            kernel of its own, not in the split backward), reusing their peers        [100 / 150 s]
 #   gnab     fp8tile's moec run (no peer) with MOEC_GATHER=1 (the default) and =0, twice in turn: tok/s and
 #            step-1 loss of each, for the switch alone when device time is short       [200 s]
 #   fp8tilecp  fp8tile with MOEC_SQUARES=0 (the expert weights kept as bf16 copies and quantized
@@ -233,6 +235,10 @@ for part in "${parts[@]}"; do
   fp8tilenr)
     peer_from "$L/fp8tile" "$L/$part"
     bench LOGDIR=$L/$part PEER_SKIP=1 PRECISION='mxfp8(block=128,weight_tile=128)' MOEC_ARGS=$FUSED_MX_NR timeout 150 bash bench/run_bench.sh genos_1b ;;
+  fp8tilesq | og2tilesq)
+    m=genos_1b d=fp8tile && [ $part = og2tilesq ] && m=og2_8x1b d=og2tile
+    peer_from "$L/$d" "$L/$part"
+    bench LOGDIR=$L/$part PEER_SKIP=1 MOEC_SPLIT_Q=0 PRECISION='mxfp8(block=128,weight_tile=128)' MOEC_ARGS=$FUSED_MX timeout 200 bash bench/run_bench.sh $m ;;
   fp8tilegn)
     peer_from "$L/fp8tile" "$L/$part"
     bench LOGDIR=$L/$part PEER_SKIP=1 MOEC_GATHER=0 PRECISION='mxfp8(block=128,weight_tile=128)' MOEC_ARGS=$FUSED_MX timeout 150 bash bench/run_bench.sh genos_1b ;;

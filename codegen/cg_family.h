@@ -21,6 +21,11 @@ void cg_emit_mxfp8_tiles(cg_buf *b, int emu); /* part of the mxfp8 module (cg_mx
 void cg_emit_grouped(cg_buf *b, const cg_variant *v, int emu);
 void cg_emit_narrow(cg_buf *b, const cg_variant *v, int emu);
 
+/* The MXFP8 codec's device functions (E8M0 codes from a group maximum's bits, E4M3 packing),
+ * emitted by the mxfp8 module and by the grouped module, whose split backward quantizes its
+ * own output (cg_mxfp8.c). */
+extern const char *const cg_mx_codec;
+
 /* Emits one kernel:
  *     extern "C" __global__ void __launch_bounds__(threads) NAME(PARAMS) { IMPL(ARGS); }
  * where NAME, PARAMS and IMPL are templates filled from kv (see cg_subst), and ARGS are the

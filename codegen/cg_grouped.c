@@ -309,9 +309,32 @@ static const char *const src =
     "    else v[j] = x;\n"
     "  }\n"
     "}\n"
-    "template <class TG>\n"
+    "// Q: dg | du's MXFP8 rows too, the bytes rt_cuda_mxfp8_quantize_win (share128) writes from the\n"
+    "// stored bf16 dg | du: E4M3 dq (S, 2F), E8M0 codes dsc (S, 2F / dblock). A group of 128 is 16\n"
+    "// lanes' 8 columns (F % 128 == 0 and vec: the host checks), its maximum a shuffle among them;\n"
+    "// every lane runs every trip, a finished half on zeros it does not store, so all 32 shuffle.\n"
+    "__device__ __forceinline__ void mx_rows8(const float *v, bool in, u8 *q, u8 *sc, u32 i, u32 dblock) {\n"
+    "  float b[8];\n"
+    "  u32 amax = 0;\n"
+    "#pragma unroll\n"
+    "  for (int j = 0; j < 8; j++) b[j] = rnd_as((const bf16 *)0, v[j]), amax = umax(amax, abs_bits(b[j]));\n"
+    "#pragma unroll\n"
+    "  for (int o = 8; o > 0; o >>= 1) amax = umax(amax, __shfl_xor_sync(0xffffffffu, amax, o));\n"
+    "  const int code = e8m0_for_bits(amax);\n"
+    "  float mul[8];\n"
+    "  int cd[8];\n"
+    "#pragma unroll\n"
+    "  for (int j = 0; j < 8; j++) mul[j] = e8m0_mul(code), cd[j] = code;\n"
+    "  u32 w[2];\n"
+    "  e4m3_pack<8>(b, mul, cd, w);\n"
+    "  if (!in) return;\n"
+    "  *(unsigned long long *)(q + i) = (unsigned long long)w[1] << 32 | w[0];\n"
+    "  if (i % dblock == 0) sc[i / dblock] = (u8)code;\n"
+    "}\n"
+    "template <class TG, bool Q>\n"
     "__device__ void mlp_bwd_split(const float *dact, const TG *gu, i64 ldg, const float *p, bf16 *dgu, bf16 *act,\n"
-    "                              float *dpo, i64 S, i64 F, const u8 *gq, const u8 *gsc, i64 gblock) {\n"
+    "                              float *dpo, i64 S, i64 F, const u8 *gq, const u8 *gsc, i64 gblock, u8 *dq, u8 *dsc,\n"
+    "                              i64 dblock) {\n"
     "  // a warp a row: dp is a warp sum, with no block barrier between a row's last store and\n"
     "  // the next row's loads (a block a row spent its tail in the reduction, loads idle)\n"
     "  const int lane = threadIdx.x & 31;\n"
@@ -321,6 +344,7 @@ static const char *const src =
     "  const TG *g0 = gq ? gu : gu + r * ldg, *u0 = gq ? gu : g0 + F; // unused when gq\n"
     "  const float *d0 = dact + r * F;\n"
     "  bf16 *dg = dgu + r * 2 * F, *du = dg + F, *ao = act + r * F;\n"
+    "  u8 *qr = Q ? dq + r * 2 * F : 0, *sr = Q ? dsc + r * (2 * F / dblock) : 0; // row r's bytes and codes\n"
     "  const bool vec = F % 8 == 0 && aligned16(g0) && aligned16(u0) && aligned16(d0) && aligned16(dg) && aligned16(du) &&\n"
     "                   aligned16(ao);\n"
     "  double dp = 0.0;\n"
@@ -335,7 +359,8 @@ static const char *const src =
     "    }\n"
     "    ldn<N>(d0 + i, d);\n"
     "  };\n"
-    "  auto compute = [&](auto w_, i64 i, const float *g, const float *u, const float *d) {\n"
+    "  // in: column i is the row's (Q runs a finished half-warp on zeros for the shuffles alone)\n"
+    "  auto compute = [&](auto w_, i64 i, const float *g, const float *u, const float *d, bool in) {\n"
     "    EW_N;\n"
     "    float vg[N], vu[N], va[N], dpc = 0.0f; // dp of the chunk in f32, then into the double sum\n"
     "    // (a conversion to double an element ran at a sixteenth of the f32 rate)\n"
@@ -348,23 +373,27 @@ static const char *const src =
     "      va[j] = pr * a;\n"
     "      vg[j] = da * u[j] * sg * (1.0f + g[j] * (1.0f - sg));\n"
     "    }\n"
+    "    if constexpr (Q && N == 8) {\n"
+    "      mx_rows8(vg, in, qr, sr, (u32)i, (u32)dblock);\n"
+    "      mx_rows8(vu, in, qr, sr, (u32)(F + i), (u32)dblock);\n"
+    "    }\n"
+    "    if (!in) return;\n"
     "    dp += dpc;\n"
     "    stn<N>(dg + i, vg);\n"
     "    stn<N>(du + i, vu);\n"
     "    stn<N>(ao + i, va);\n"
     "  };\n"
-    "  // the bulk MB_U chunks of 8 at a time, every load issued before the first store (the stores\n"
-    "  // might alias the loads as far as the compiler knows, so it would not hoist them); the\n"
-    "  // thread's chunks, and so dp's order, are those of a plain strided loop. MB_U = 1: at 2 the\n"
-    "  // kernel held 111 registers, 16 warps an SM, and ncu found it issue-bound at 1.4 TB/s; at 1,\n"
-    "  // 62 registers, twice the warps and the same bytes in flight an SM.\n"
-    "  constexpr int MB_U = 1;\n"
+    "  // the bulk a chunk of 8 at a time (two chunks' loads in flight a thread held 111 registers,\n"
+    "  // 16 warps an SM, and ncu found it issue-bound at 1.4 TB/s; one: 62 registers, twice the\n"
+    "  // warps and the same bytes in flight an SM); the thread's chunks, and so dp's order, are\n"
+    "  // those of a plain strided loop\n"
     "  const i64 n8 = vec ? F / 8 * 8 : 0, stride = 32 * 8;\n"
-    "  for (i64 c = (i64)lane * 8; c < n8; c += stride * MB_U) {\n"
+    "  for (i64 c = (i64)lane * 8; c < n8 || (Q && c - lane * 8 < n8); c += stride) {\n"
+    "    const bool in = !Q || c < n8;\n"
     "    // the next chunk's lines sent for ahead (a hint, no registers): 0.369 -> 0.353 ms at the\n"
     "    // genos/og2 shapes on the H200; two or four chunks ahead were slower than one\n"
-    "    if (c + stride * MB_U < n8) {\n"
-    "      const i64 cp = c + stride * MB_U;\n"
+    "    if (c + stride < n8) {\n"
+    "      const i64 cp = c + stride;\n"
     "      prefetch_l2(d0 + cp);\n"
     "      if (gq) {\n"
     "        prefetch_l2(gq + r * 2 * F + cp);\n"
@@ -374,18 +403,14 @@ static const char *const src =
     "        prefetch_l2(u0 + cp);\n"
     "      }\n"
     "    }\n"
-    "    float g[MB_U][8], u[MB_U][8], d[MB_U][8];\n"
-    "#pragma unroll\n"
-    "    for (int k = 0; k < MB_U; k++)\n"
-    "      if (c + k * stride < n8) load(width<8>(), c + k * stride, g[k], u[k], d[k]);\n"
-    "#pragma unroll\n"
-    "    for (int k = 0; k < MB_U; k++)\n"
-    "      if (c + k * stride < n8) compute(width<8>(), c + k * stride, g[k], u[k], d[k]);\n"
+    "    float g[8] = {}, u[8] = {}, d[8] = {};\n"
+    "    if (in) load(width<8>(), c, g, u, d);\n"
+    "    compute(width<8>(), c, g, u, d, in);\n"
     "  }\n"
     "  for (i64 c = n8 + lane; c < F; c += 32) {\n"
     "    float g[1], u[1], d[1];\n"
     "    load(width<1>(), c, g, u, d);\n"
-    "    compute(width<1>(), c, g, u, d);\n"
+    "    compute(width<1>(), c, g, u, d, true);\n"
     "  }\n"
     "  dp = warp_sum(dp);\n"
     "  if (lane == 0) dpo[r] = (float)dp;\n"
@@ -397,6 +422,7 @@ static const char *const ctypes[] = {"float", "bf16"};
 void cg_emit_grouped(cg_buf *b, const cg_variant *v, int emu) {
   (void)v;
   cg_printf(b, "enum { GT = %d };\n", CG_GT);
+  cg_puts(b, cg_mx_codec);
   cg_puts(b, src);
   const char *kv[13];
   cg_dtype_kv(kv, CG_DT_F32, CG_DT_F32);
@@ -408,10 +434,11 @@ void cg_emit_grouped(cg_buf *b, const cg_variant *v, int emu) {
     cg_dtype_kv(kv, (cg_dtype)x, (cg_dtype)x);
     cg_entry(b, CG_NT_RED, "moec_grouped_colsum_${x}", "const ${X} *dy, const int *counts, float *db, i64 S, i64 N, int *err",
              "grouped_colsum<${X}>", kv, emu);
-    cg_entry(b, CG_NT_ROW, "moec_mlp_bwd_split_${x}",
-             "const float *dact, const ${X} *gu, i64 ldg, const float *p, bf16 *dgu, bf16 *act, float *dp, i64 S, i64 F, "
-             "const u8 *gq, const u8 *gsc, i64 gblock",
-             "mlp_bwd_split<${X}>", kv, emu);
+    for (int q = 0; q < 2; q++)
+      cg_entry(b, CG_NT_ROW, q ? "moec_mlp_bwd_split_q_${x}" : "moec_mlp_bwd_split_${x}",
+               "const float *dact, const ${X} *gu, i64 ldg, const float *p, bf16 *dgu, bf16 *act, float *dp, i64 S, i64 F, "
+               "const u8 *gq, const u8 *gsc, i64 gblock, u8 *dq, u8 *dsc, i64 dblock",
+               q ? "mlp_bwd_split<${X}, true>" : "mlp_bwd_split<${X}, false>", kv, emu);
     cg_entry(b, CG_NT_EW, "moec_mlp_act_${x}", "const ${X} *gu, i64 ldg, const float *p, ${X} *act, i64 S, i64 F",
              "mlp_act<${X}>", kv, emu);
     for (int w = 0; w < CG_DT_COUNT; w++) {

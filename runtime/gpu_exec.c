@@ -1065,9 +1065,11 @@ gpu_exec *gpu_exec_new(gpu_runtime *rt, const ir_graph *g, char *err, size_t err
   }
   /* VIEW_GATHER: the FP8 quantizes gather the permuted rows (docs/cuda.md); the default since
      it ran on an H100 (bench/RESULTS.md, 2026-12-06 second session). MOEC_GATHER=0 writes the
-     permute out as before. */
-  const char *ga = getenv("MOEC_GATHER");
-  gpu_views_plan(g, &x->fp8, !x->grouped_device, !(ga && strcmp(ga, "0") == 0), x->last_use, x->view);
+     permute out as before. MOEC_SPLIT_Q=0: dg | du's rows quantize as a kernel of its own, not
+     in the split backward (VIEW_SPLIT_Q). */
+  const char *ga = getenv("MOEC_GATHER"), *sq = getenv("MOEC_SPLIT_Q");
+  gpu_views_plan(g, &x->fp8, !x->grouped_device, !(ga && strcmp(ga, "0") == 0), !(sq && strcmp(sq, "0") == 0), x->last_use,
+                 x->view);
   if (plan_stacks(x, err, errlen) != 0) {
     gpu_exec_free(x);
     return NULL;
@@ -1195,8 +1197,8 @@ int gpu_exec_run(gpu_exec *x, const int32_t *tokens, const int32_t *labels, int6
   return rc;
 }
 
-int gpu_exec_gathers(const gpu_exec *x) {
+int gpu_exec_views(const gpu_exec *x, int view) {
   int n = 0;
-  for (int id = 0; id < x->g->n_nodes; id++) n += x->view[id] == VIEW_GATHER;
+  for (int id = 0; id < x->g->n_nodes; id++) n += x->view[id] == view;
   return n;
 }

@@ -52,8 +52,10 @@ int gpu_exec_fp8_sites(const gpu_exec *x);
 /* How many expert-weight stacks of x's graph are kept as FP8 squares that AdamW writes (the
  * weight-tile recipe on cuBLASLt; MOEC_SQUARES=0: none). */
 int gpu_exec_squares(const gpu_exec *x);
-/* The expert permutes whose FP8 quantizes gather their rows (VIEW_GATHER; MOEC_GATHER=0 turns it off). */
-int gpu_exec_gathers(const gpu_exec *x);
+/* How many nodes of x's graph are views of kind `view` (gpu_views.h): VIEW_GATHER, the expert
+ * permutes whose FP8 quantizes gather their rows (MOEC_GATHER=0 turns them off); VIEW_SPLIT_Q,
+ * the rows quantizes the split backwards make (MOEC_SPLIT_Q=0). */
+int gpu_exec_views(const gpu_exec *x, int view);
 /* For tests: each stack kept as squares and fresh compared, byte for byte, with the quantize of
  * its weights as they are now; the number checked, or -1 (err says which differed). Syncs. */
 int gpu_exec_check_squares(gpu_exec *x, char *err, size_t errlen);

@@ -470,6 +470,14 @@ int exec_GROUPED_MLP(gx *x, int id) {
                                            ir_get_int(N(id), "mx_block", 0)));
 }
 
+/* The quantize split id makes itself (VIEW_SPLIT_Q, reading dg | du through its piece and
+ * cast), or -1. */
+static int split_quantize(gx *x, int id) {
+  for (int q = id + 1; q < x->g->n_nodes; q++)
+    if (x->view[q] == VIEW_SPLIT_Q && gpu_view_root(x->g, x->view, N(q)->in[0]) == id) return q;
+  return -1;
+}
+
 int exec_GROUPED_MLP_BWD(gx *x, int id) {
   const dev_value *dy = V(id, 0);
   int64_t E = DIMOF(id, 2, 0), H = INCOLS(id, 0), F = ir_get_int(N(id), "ffn", 0), S = dy->rows;
@@ -507,10 +515,15 @@ int exec_GROUPED_MLP_BWD(gx *x, int id) {
     const gpu_ptr out = x->val[id].p;
     /* a decoded gate_up (VIEW_DECODE): the stored quantize's E4M3 values and E8M0 codes */
     const int q = x->view[gu] == VIEW_DECODE && !gup ? N(gu)->in[0] : -1;
+    /* the rows quantize of dg | du that the split makes itself (VIEW_SPLIT_Q): its packed form now */
+    const int fq = split ? split_quantize(x, id) : -1;
+    const int64_t fblock = fq >= 0 ? ir_get_int(N(fq), "block", 32) : 0;
+    if (rc == 0 && fq >= 0) rc = packed_bufs(x, fq, (size_t)((S + 16) * 2 * F), (size_t)(S * 2 * F / fblock)); /* as fp8_pack's */
     if (rc == 0 && split)
       rc = ck(x, id, rt_cuda_mlp_bwd_split_mx(KX, DT(x, gu), dact, gup, ldg, q >= 0 ? x->val[q].q8 : 0, q >= 0 ? x->val[q].s8 : 0,
                                               q >= 0 ? ir_get_int(N(q), "block", 32) : 0, V(id, 4)->p, out,
-                                              out + gpu_split_offset(S, F, 2 * F), out + gpu_split_offset(S, F, 3 * F), S, F));
+                                              out + gpu_split_offset(S, F, 2 * F), out + gpu_split_offset(S, F, 3 * F), S, F,
+                                              fq >= 0 ? x->val[fq].q8 : 0, fq >= 0 ? x->val[fq].s8 : 0, fblock));
     else if (rc == 0 && q >= 0)
       rc = fail(x, id, "internal error: a decoded gate_up off the split path");
     else if (rc == 0)
@@ -535,7 +548,8 @@ int exec_MXFP8_QUANTIZE(gx *x, int id) {
   int64_t dims[IR_MAX_RANK];
   for (int d = 0; d < t->rank; d++) dims[d] = t->dims[d];
   dims[0] = a->rows;
-  if (x->fp8.kind[id] != FP8_NONE && fp8_pack(x, id) != 0) return -1;
+  const int by_split = x->view[id] == VIEW_SPLIT_Q && !x->keep_all; /* packed already (split_quantize) */
+  if (x->fp8.kind[id] != FP8_NONE && !by_split && fp8_pack(x, id) != 0) return -1;
   if (!x->fp8.values[id]) { /* only FP8 GEMMs read it: the packed form is all */
     x->val[id].rows = a->rows;
     x->val[id].numel = a->numel;

@@ -255,9 +255,13 @@ int rt_cuda_mlp_bwd_split(rt_cuda *k, cg_dtype tgu, gpu_ptr dact, gpu_ptr gate_u
                           gpu_ptr act, gpu_ptr dp, int64_t S, int64_t F);
 /* The same reading gate_up from its stored MXFP8 form when gq is not 0 (gate_up unused): E4M3
  * gq (S, 2F) and E8M0 codes gsc, one per gblock elements (rt_cuda_mxfp8_quantize's output),
- * each value decoded and rounded to tgu as rt_cuda_mxfp8_dequantize would write it. */
+ * each value decoded and rounded to tgu as rt_cuda_mxfp8_dequantize would write it. With dq
+ * not 0 it also writes the stored dg | du's MXFP8 rows, byte for byte what
+ * rt_cuda_mxfp8_quantize_win(share128 = 1, block dblock) would make of them: E4M3 dq (S, 2F)
+ * and E8M0 codes dsc (S, 2F / dblock); F % 128 == 0, dblock | 128, 16-byte aligned rows. */
 int rt_cuda_mlp_bwd_split_mx(rt_cuda *k, cg_dtype tgu, gpu_ptr dact, gpu_ptr gate_up, int64_t ldg, gpu_ptr gq, gpu_ptr gsc,
-                             int64_t gblock, gpu_ptr probs, gpu_ptr dgu, gpu_ptr act, gpu_ptr dp, int64_t S, int64_t F);
+                             int64_t gblock, gpu_ptr probs, gpu_ptr dgu, gpu_ptr act, gpu_ptr dp, int64_t S, int64_t F,
+                             gpu_ptr dq, gpu_ptr dsc, int64_t dblock);
 
 /* ---- MXFP8 ---- */
 int rt_cuda_mxfp8_quantize(rt_cuda *k, cg_dtype t, gpu_ptr x /* (rows, cols) */, int64_t rows, int64_t cols,

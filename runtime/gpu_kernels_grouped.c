@@ -181,22 +181,29 @@ int rt_cuda_mlp_bwd_rows(rt_cuda *k, cg_dtype tgu, cg_dtype to, gpu_ptr dact, gp
 
 int rt_cuda_mlp_bwd_split(rt_cuda *k, cg_dtype tgu, gpu_ptr dact, gpu_ptr gate_up, int64_t ldg, gpu_ptr probs_, gpu_ptr dgu,
                           gpu_ptr act, gpu_ptr dp, int64_t S, int64_t F) {
-  return rt_cuda_mlp_bwd_split_mx(k, tgu, dact, gate_up, ldg, 0, 0, 0, probs_, dgu, act, dp, S, F);
+  return rt_cuda_mlp_bwd_split_mx(k, tgu, dact, gate_up, ldg, 0, 0, 0, probs_, dgu, act, dp, S, F, 0, 0, 0);
 }
 
 int rt_cuda_mlp_bwd_split_mx(rt_cuda *k, cg_dtype tgu, gpu_ptr dact, gpu_ptr gate_up, int64_t ldg, gpu_ptr gq, gpu_ptr gsc,
-                             int64_t gblock, gpu_ptr probs_, gpu_ptr dgu, gpu_ptr act, gpu_ptr dp, int64_t S, int64_t F) {
+                             int64_t gblock, gpu_ptr probs_, gpu_ptr dgu, gpu_ptr act, gpu_ptr dp, int64_t S, int64_t F,
+                             gpu_ptr dq, gpu_ptr dsc, int64_t dblock) {
   if (!gq && ldg < 2 * F)
     return rtk_fail(k, "mlp_bwd_split: gate_up rows %lld apart, narrower than 2F = %lld (%s)", (long long)ldg, (long long)(2 * F),
                     ck_strerror(CK_ESHAPE));
   if (gq && (gblock < 1 || (2 * F) % gblock))
     return rtk_fail(k, "mlp_bwd_split: MXFP8 blocks of %lld do not divide a row of 2F = %lld (%s)", (long long)gblock,
                     (long long)(2 * F), ck_strerror(CK_ESHAPE));
+  /* the quantized dg | du: groups of 128 as whole half-warps of the kernel's 16-byte path */
+  const size_t gsz = tgu == CG_DT_BF16 ? 2 : 4;
+  if (dq && (F % 128 || dblock < 8 || dblock > 128 || 128 % dblock || dact % 16 || dgu % 16 || act % 16 ||
+             (!gq && (gate_up % 16 || (size_t)ldg * gsz % 16))))
+    return rtk_fail(k, "mlp_bwd_split: dg | du quantized in blocks of %lld needs F %% 128 == 0 (F = %lld), blocks dividing 128 "
+                    "and 16-byte aligned rows (%s)", (long long)dblock, (long long)F, ck_strerror(CK_ESHAPE));
   char name[64];
-  KN("mlp_bwd_split", 1, tgu);
+  KN(dq ? "mlp_bwd_split_q" : "mlp_bwd_split", 1, tgu);
   const uint64_t rows_a_block = CG_NT_ROW / 32; /* a warp a row */
   return rtk_launch(k, FAM, NULL, name, ((uint64_t)S + rows_a_block - 1) / rows_a_block, 1, CG_NT_ROW,
-                    ARGS(&dact, &gate_up, &ldg, &probs_, &dgu, &act, &dp, &S, &F, &gq, &gsc, &gblock));
+                    ARGS(&dact, &gate_up, &ldg, &probs_, &dgu, &act, &dp, &S, &F, &gq, &gsc, &gblock, &dq, &dsc, &dblock));
 }
 
 int rt_cuda_grouped_mlp_bwd(rt_cuda *k, cg_dtype tdy, cg_dtype tgu, cg_dtype tw, cg_dtype to, gpu_ptr dy, gpu_ptr gate_up,

@@ -103,7 +103,8 @@ static int stack_of_param_casts(const ir_graph *g, const int *last_use, int s) {
  * - a stack of parameter casts (the expert weights), and those casts;
  * - a grouped_mlp_bwd read through slices and casts to bf16: its pieces written apart (split),
  *   which replaces its slices' windows and casts (gpu_views.h). */
-void gpu_views_plan(const ir_graph *g, const gpu_fp8_plan *fp8, int blas, int gather, int *last_use, uint8_t *view) {
+void gpu_views_plan(const ir_graph *g, const gpu_fp8_plan *fp8, int blas, int gather, int split_q, int *last_use,
+                    uint8_t *view) {
   for (int id = 0; id < g->n_nodes; id++) {
     const ir_node *nd = &g->nodes[id];
     int in0 = nd->n_in ? nd->in[0] : 0;
@@ -139,6 +140,22 @@ void gpu_views_plan(const ir_graph *g, const gpu_fp8_plan *fp8, int blas, int ga
       view[s] = VIEW_PIECE;
       for (int c = s + 1; ir_get_int(&g->nodes[s], "start", 0) < 3 * F && c < g->n_nodes; c++)
         if (g->nodes[c].n_in && g->nodes[c].in[0] == s) view[c] = VIEW_ALIAS; /* a cast to bf16 (splits) */
+    }
+  }
+  /* a split's dg | du quantized for its dgrad GEMM by the split itself: the first rows quantize
+     that packs only, in blocks dividing the 128 that the kernel's half-warps cover */
+  for (int G = 0; split_q && G < g->n_nodes; G++) {
+    if (view[G] != VIEW_SPLIT || ir_get_int(&g->nodes[G], "ffn", 0) % 128) continue;
+    for (int q = G + 1, done = 0; q < g->n_nodes && !done; q++) {
+      const ir_node *qn = &g->nodes[q];
+      const int64_t block = ir_get_int(qn, "block", 32);
+      if (qn->op != OP_MXFP8_QUANTIZE || fp8->kind[q] != FP8_ROWS || fp8->values[q] || qn->n_in != 1 ||
+          view[qn->in[0]] != VIEW_ALIAS || g->nodes[qn->in[0]].in[0] <= G || view[g->nodes[qn->in[0]].in[0]] != VIEW_PIECE ||
+          g->nodes[g->nodes[qn->in[0]].in[0]].in[0] != G || ir_get_int(&g->nodes[g->nodes[qn->in[0]].in[0]], "start", -1) != 0 ||
+          block < 8 || block > 128 || 128 % block || is_output(g, q))
+        continue;
+      view[q] = VIEW_SPLIT_Q;
+      done = 1;
     }
   }
   /* the stored gate_up, read only by split backwards, which decode it themselves */

@@ -35,6 +35,9 @@ typedef enum {
                         E8M0 codes (rt_cuda_mlp_bwd_split_mx), which live until they read them */
   VIEW_GATHER = 11, /* an expert_permute (no weights) read only by FP8-packing quantizes (the forward's xs,
                         the backward's dy): writes nothing; they read its input's rows through its perm */
+  VIEW_SPLIT_Q = 12, /* the packing rows quantize (FP8_ROWS) of a split grouped_mlp_bwd's dg | du (through
+                        its piece and cast): runs nothing, the split writes its E4M3 rows and codes as it
+                        writes dg | du (rt_cuda_mlp_bwd_split_mx's dq); one a split, F % 128 == 0 */
   VIEW_KINDS
 } gpu_view;
 
@@ -48,8 +51,10 @@ static inline int64_t gpu_split_offset(int64_t S, int64_t F, int64_t start) {
 /* view (n_nodes) <- each node's gpu_view; last_use raised so that every link of a view chain
  * lives until the chain's readers. fp8: the graph's FP8 plan (all zero: no FP8). blas: the
  * grouped GEMMs run on cuBLASLt (not MOEC_GROUPED_GEMM=device), the only path that splits.
- * gather: make VIEW_GATHER views (else no permute's input or perm lives longer for one). */
-void gpu_views_plan(const ir_graph *g, const gpu_fp8_plan *fp8, int blas, int gather, int *last_use, uint8_t *view);
+ * gather: make VIEW_GATHER views (else no permute's input or perm lives longer for one).
+ * split_q: let splits quantize their dg | du (VIEW_SPLIT_Q). */
+void gpu_views_plan(const ir_graph *g, const gpu_fp8_plan *fp8, int blas, int gather, int split_q, int *last_use,
+                    uint8_t *view);
 /* The value a chain of views reads in the end (v itself when v is no view, or a view whose
  * storage is persistent). */
 int gpu_view_root(const ir_graph *g, const uint8_t *view, int v);

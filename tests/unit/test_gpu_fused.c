@@ -256,7 +256,7 @@ static void test_mlp_bwd_split_mx(cg_dtype t) {
   const gpu_ptr o1 = s1 + (gpu_ptr)(S * 2 * F * 2), d1 = s1 + (gpu_ptr)(S * 3 * F * 2);
   const gpu_ptr o2 = s2 + (gpu_ptr)(S * 2 * F * 2), d2 = s2 + (gpu_ptr)(S * 3 * F * 2);
   RUN(rt_cuda_mlp_bwd_split(K, t, dd, vals, 2 * F, dp, s1, o1, d1, S, F));
-  RUN(rt_cuda_mlp_bwd_split_mx(K, t, dd, 0, 0, q, sc, 32, dp, s2, o2, d2, S, F));
+  RUN(rt_cuda_mlp_bwd_split_mx(K, t, dd, 0, 0, q, sc, 32, dp, s2, o2, d2, S, F, 0, 0, 0));
   get_f(want, s1, S * 3 * F, CG_DT_BF16);
   get_f(got, s2, S * 3 * F, CG_DT_BF16);
   char what[64];
@@ -266,10 +266,63 @@ static void test_mlp_bwd_split_mx(cg_dtype t) {
   get_f(dpg, d2, S, CG_DT_F32);
   snprintf(what, sizeof what, "mlp_bwd_split dp from MXFP8 (%s values)", cg_dtype_name(t));
   cmp(what, dpg, dpw, S, CG_DT_F32, -1, 0);
-  CHECK(rt_cuda_mlp_bwd_split_mx(K, t, dd, 0, 0, q, sc, 3 * F, dp, s2, o2, d2, S, F) != 0,
+  CHECK(rt_cuda_mlp_bwd_split_mx(K, t, dd, 0, 0, q, sc, 3 * F, dp, s2, o2, d2, S, F, 0, 0, 0) != 0,
         "mlp_bwd_split_mx accepted blocks of 3F that do not divide a row");
   expect_flag("mlp_bwd_split_mx", CK_OK);
   free(gu), free(dact), free(p), free(want), free(got), free(dpw), free(dpg);
+  dfree_all();
+}
+
+/* mlp_bwd_split quantizing its own dg | du (the dgrad GEMM's MXFP8 rows, VIEW_SPLIT_Q) must
+ * write, byte for byte, the split buffer the plain split writes and the E4M3 bytes and E8M0
+ * codes that rt_cuda_mxfp8_quantize_win (blocks of 32 sharing 128) makes of its stored dg | du. F = 384
+ * leaves the second half-warp of each row's last 256 columns idle (it runs the shuffles on
+ * zeros); a NaN in dact checks the NaN group; mx: gate_up read from its stored MXFP8 form. */
+static void test_mlp_bwd_split_q(cg_dtype t, int64_t Fq, int mx) {
+  const int64_t block = 32; /* sharing 128, as mxfp8(block=128)'s quantizes */
+  const int64_t ldg = 2 * Fq + 8, n2 = S * 2 * Fq;
+  const size_t bytes = (size_t)(S * 3 * Fq) * 2 + (size_t)S * 4;
+  float *gu = rnd(S * ldg, -2, 2, t), *dact = rnd(S * Fq, -1, 1, CG_DT_F32), *p = rnd(S, 0.1f, 1, CG_DT_F32);
+  dact[2 * Fq + 7] = NAN;
+  gpu_ptr dgu = up_f(gu, S * ldg, t), dd = up_f(dact, S * Fq, CG_DT_F32), dp = up_f(p, S, CG_DT_F32);
+  gpu_ptr gq = 0, gsc = 0, s1 = dmalloc(bytes), s2 = dmalloc(bytes), q1 = dmalloc((size_t)n2), q2 = dmalloc((size_t)n2),
+          c1 = dmalloc((size_t)(n2 / block)), c2 = dmalloc((size_t)(n2 / block));
+  const gpu_ptr window = dgu + (gpu_ptr)(8 * dts(t));
+  if (mx) { /* the saved gate_up as grouped_mlp stores it: rows of 2F, blocks of 32 sharing 128 */
+    gq = dmalloc((size_t)n2), gsc = dmalloc((size_t)(n2 / 32));
+    RUN(rt_cuda_mxfp8_quantize_win(K, t, dgu, ldg, 8, 0, S, 2 * Fq, 32, 1, gq, gsc, 0, 1, 0));
+  }
+  const gpu_ptr o1 = s1 + (gpu_ptr)(n2 * 2), d1 = s1 + (gpu_ptr)(S * 3 * Fq * 2);
+  const gpu_ptr o2 = s2 + (gpu_ptr)(n2 * 2), d2 = s2 + (gpu_ptr)(S * 3 * Fq * 2);
+  RUN(rt_cuda_mlp_bwd_split_mx(K, t, dd, mx ? 0 : window, ldg, gq, gsc, 32, dp, s1, o1, d1, S, Fq, 0, 0, 0));
+  RUN(rt_cuda_mlp_bwd_split_mx(K, t, dd, mx ? 0 : window, ldg, gq, gsc, 32, dp, s2, o2, d2, S, Fq, q2, c2, block));
+  RUN(rt_cuda_mxfp8_quantize_win(K, CG_DT_BF16, s1, 2 * Fq, 0, 0, S, 2 * Fq, block, 1, q1, c1, 0, 1, 0));
+  uint8_t *b1 = malloc(bytes), *b2 = malloc(bytes);
+  download(b1, s1, bytes);
+  download(b2, s2, bytes);
+  CHECK(memcmp(b1, b2, bytes) == 0, "mlp_bwd_split_q [%s, F %lld, block %lld%s]: dg | du, act or dp differ from the plain split's",
+        cg_dtype_name(t), (long long)Fq, (long long)block, mx ? ", from MXFP8" : "");
+  download(b1, q1, (size_t)n2);
+  download(b2, q2, (size_t)n2);
+  int64_t bad = 0;
+  for (int64_t i = 0; i < n2; i++) bad += b1[i] != b2[i];
+  download(b1, c1, (size_t)(n2 / block));
+  download(b2, c2, (size_t)(n2 / block));
+  int64_t nan_codes = 0;
+  for (int64_t i = 0; i < n2 / block; i++) bad += b1[i] != b2[i], nan_codes += b2[i] == 0xFF;
+  const int ok = bad == 0 && nan_codes > 0;
+  CHECK(ok, "mlp_bwd_split_q [%s, F %lld, block %lld%s]: %lld bytes and codes differ from quantizing the "
+        "stored dg | du (%lld NaN codes, want some)", cg_dtype_name(t), (long long)Fq, (long long)block, mx ? ", from MXFP8" : "",
+        (long long)bad, (long long)nan_codes);
+  CHECK(rt_cuda_mlp_bwd_split_mx(K, t, dd, window, ldg, 0, 0, 0, dp, s2, o2, d2, S, Fq - 8, q2, c2, block) != 0,
+        "mlp_bwd_split_q accepted F %% 128 != 0");
+  CHECK(rt_cuda_mlp_bwd_split_mx(K, t, dd, window, ldg, 0, 0, 0, dp, s2, o2, d2, S, Fq, q2, c2, 48) != 0,
+        "mlp_bwd_split_q accepted blocks of 48");
+  if (ok)
+    printf("  mlp_bwd_split_q [%s, F %lld, block %lld%s]: %lld values and codes, bit-exact\n", cg_dtype_name(t), (long long)Fq,
+         (long long)block, mx ? ", from MXFP8" : "", (long long)(n2 + n2 / block));
+  expect_flag("mlp_bwd_split_q", CK_OK);
+  free(gu), free(dact), free(p), free(b1), free(b2);
   dfree_all();
 }
 
@@ -324,6 +377,9 @@ int main(void) {
     test_mlp_bwd_split((cg_dtype)t, F);
     test_mlp_bwd_split((cg_dtype)t, 2056);
     test_mlp_bwd_split_mx((cg_dtype)t);
+    test_mlp_bwd_split_q((cg_dtype)t, 384, 0);
+    test_mlp_bwd_split_q((cg_dtype)t, 256, 0);
+    test_mlp_bwd_split_q((cg_dtype)t, 384, 1);
     test_quantize_act((cg_dtype)t);
   }
   rt_cuda_free(K);

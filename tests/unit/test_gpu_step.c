@@ -12,6 +12,7 @@
 #include "frontend.h"
 #include "gpu_exec.h"
 #include "gpu_loader.h"
+#include "gpu_views.h"
 #include "params.h"
 #include "pipeline.h"
 
@@ -176,21 +177,22 @@ static int compare(const char *path, const moec_set *sets, int n_sets, int fused
   return failed;
 }
 
-/* VIEW_GATHER (the default) changes no bit: deterministic runs (MOEC_DETERMINISTIC: no cuDNN
- * attention, no GEMM tuning) of 3 steps with it and with MOEC_GATHER=0, on fresh runtimes from the
- * same weights, give the same losses and gradient norms, and the first one does gather. (compare() checks
- * gradients in step 1 only, which keeps every value and so gathers nothing.) */
-static int gather_exact(const char *path, const moec_set *sets, int n_sets) {
+/* A view that changes no bit, on by default and off with `env`=0 (VIEW_GATHER: MOEC_GATHER,
+ * VIEW_SPLIT_Q: MOEC_SPLIT_Q): deterministic runs (MOEC_DETERMINISTIC: no cuDNN attention, no GEMM
+ * tuning) of 3 steps with it and without, on fresh runtimes from the same weights, give the same
+ * losses and gradient norms, and the first one has such views. (compare() checks gradients in
+ * step 1 only, which keeps every value and so makes none of these views.) */
+static int view_exact(const char *path, const moec_set *sets, int n_sets, const char *env, int view, const char *what) {
   const char *only = getenv("MOEC_GPU_STEP_ONLY");
   if (only && !strstr(path, only)) return 0;
   enum { STEPS = 3 };
   float loss[2][STEPS];
   double norm[2][STEPS];
-  int gathers[2] = {0, 0}, failed = 0;
+  int views[2] = {0, 0}, failed = 0;
   char err[2048];
   setenv("MOEC_DETERMINISTIC", "1", 1);
   for (int on = 1; on >= 0 && !failed; on--) {
-    setenv("MOEC_GATHER", on ? "1" : "0", 1);
+    setenv(env, on ? "1" : "0", 1);
     ir_graph *g = load(path, sets, n_sets, 2);
     data_opts dopt = {g ? g->cfg.seq : 1, 0, 0.01, 0, 0, 1};
     data_set *d = g ? data_open("data/chr20_slice.fa.gz", &dopt, err, sizeof err) : NULL;
@@ -198,17 +200,17 @@ static int gather_exact(const char *path, const moec_set *sets, int n_sets) {
     gpu_runtime *rt = pg ? gpu_runtime_new(pg, NULL, err, sizeof err) : NULL;
     gpu_exec *gx = rt ? gpu_exec_new(rt, g, err, sizeof err) : NULL;
     if (!d || !gx) {
-      fprintf(stderr, "%s: gather check setup failed: %s\n", path, err);
+      fprintf(stderr, "%s: %s check setup failed: %s\n", path, what, err);
       failed++;
     } else {
-      gathers[on] = gpu_exec_gathers(gx);
+      views[on] = gpu_exec_views(gx, view);
       int64_t T = g->cfg.batch * g->cfg.seq;
       int32_t *tok = malloc((size_t)T * 4), *lab = malloc((size_t)T * 4);
       for (int s = 1; s <= STEPS && !failed; s++) {
         float out[8];
         data_train_batch(d, s - 1, g->cfg.batch, tok, lab);
         if (gpu_exec_run(gx, tok, lab, s, out, &norm[on][s - 1], err, sizeof err)) {
-          fprintf(stderr, "%s: gather %s, step %d: %s\n", path, on ? "on" : "off", s, err);
+          fprintf(stderr, "%s: %s %s, step %d: %s\n", path, what, on ? "on" : "off", s, err);
           failed++;
         }
         loss[on][s - 1] = out[0];
@@ -222,23 +224,21 @@ static int gather_exact(const char *path, const moec_set *sets, int n_sets) {
     data_close(d);
     ir_graph_free(g);
   }
-  unsetenv("MOEC_GATHER");
+  unsetenv(env);
   unsetenv("MOEC_DETERMINISTIC");
   if (failed) return failed;
-  if (gathers[1] == 0 || gathers[0] != 0) {
-    fprintf(stderr, "%s: %d permutes gathered with the gather (want some), %d with MOEC_GATHER=0 (want 0)\n", path, gathers[1],
-            gathers[0]);
+  if (views[1] == 0 || views[0] != 0) {
+    fprintf(stderr, "%s: %d %s views by default (want some), %d with %s=0 (want 0)\n", path, views[1], what, views[0], env);
     return 1;
   }
   for (int s = 0; s < STEPS; s++)
     if (memcmp(&loss[0][s], &loss[1][s], sizeof(float)) || memcmp(&norm[0][s], &norm[1][s], sizeof(double))) {
-      fprintf(stderr, "%s: step %d with the gather: loss %.9g, grad norm %.12g; MOEC_GATHER=0: %.9g, %.12g\n", path, s + 1,
-              loss[1][s], norm[1][s], loss[0][s], norm[0][s]);
+      fprintf(stderr, "%s: step %d with %s: loss %.9g, grad norm %.12g; %s=0: %.9g, %.12g\n", path, s + 1, what, loss[1][s],
+              norm[1][s], env, loss[0][s], norm[0][s]);
       return 1;
     }
-  printf("%s: VIEW_GATHER (%d permutes gathered): %d deterministic steps, losses and grad norms bit for bit those of "
-         "MOEC_GATHER=0\n",
-         path, gathers[1], STEPS);
+  printf("%s: %s (%d views): %d deterministic steps, losses and grad norms bit for bit those of %s=0\n", path, what,
+         views[1], STEPS, env);
   return 0;
 }
 
@@ -292,8 +292,10 @@ int main(void) {
   printf("with MOEC_GEMM_STREAMS=2:\n");
   failed += compare("models/tiny.moe", tiny8x, 3, 2, 1e-2, 1e-1) + compare("models/tiny.moe", tiny16, 3, 1, 1e-2, 1e-1);
   unsetenv("MOEC_GEMM_STREAMS");
-  /* the FP8 quantizes gathering the permuted rows (VIEW_GATHER, the default) against MOEC_GATHER=0 */
-  failed += gather_exact("models/tiny.moe", tiny8t, 3);
+  /* the FP8 quantizes gathering the permuted rows (VIEW_GATHER), and the split backward
+     quantizing its dg | du (VIEW_SPLIT_Q), each against its switch off */
+  failed += view_exact("models/tiny.moe", tiny8t, 3, "MOEC_GATHER", VIEW_GATHER, "VIEW_GATHER");
+  failed += view_exact("models/tiny.moe", tiny8t, 3, "MOEC_SPLIT_Q", VIEW_SPLIT_Q, "VIEW_SPLIT_Q");
   if (failed) {
     fprintf(stderr, "test_gpu_step: %d failures\n", failed);
     return 1;
