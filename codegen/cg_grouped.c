@@ -52,7 +52,9 @@ static const char *const src =
     "\n"
     "// out[t] = sum_j (w[t, j] *) ys[inv[t*k + j]], j in order from 0 (ck_expert_unpermute), then\n"
     "// rounded and + res[t] when res (fuse-residual); out may alias res.\n"
-    "template <class T, class TW> __device__ void expert_unpermute(const T *ys, const int *inv, const TW *w, const T *res, T *out, i64 nt, i64 k, i64 H, int *err) {\n"
+    "template <class T, class TW>\n"
+    "__device__ void expert_unpermute(const T *ys, const int *inv, const TW *w, const T *res, T *out, i64 nt, i64 k, i64 H, i64 ldy,\n"
+    "                                 int *err) {\n"
     "  const i64 t = blockIdx.x;\n"
     "  if (t >= nt) return;\n"
     "  for (i64 j = 0; j < k; j++)\n"
@@ -60,11 +62,11 @@ static const char *const src =
     "      if (threadIdx.x == 0) raise_err(err, CK_EINDEX);\n"
     "      return;\n"
     "    }\n"
-    "  if (H % 8 == 0 && aligned16(ys) && aligned16(out) && (!res || aligned16(res))) {\n"
+    "  if (H % 8 == 0 && ldy * sizeof(T) % 16 == 0 && aligned16(ys) && aligned16(out) && (!res || aligned16(res))) {\n"
     "    for (i64 c = threadIdx.x * 8; c < H; c += blockDim.x * 8) {\n"
     "      float acc[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f}, y[8];\n"
     "      for (i64 j = 0; j < k; j++) {\n"
-    "        ld8(ys + (i64)inv[t * k + j] * H + c, y);\n"
+    "        ld8(ys + (i64)inv[t * k + j] * ldy + c, y);\n"
     "        const float wj = w ? ld(w + t * k + j) : 0.0f;\n"
     "        for (int q = 0; q < 8; q++) acc[q] += w ? wj * y[q] : y[q];\n"
     "      }\n"
@@ -79,7 +81,7 @@ static const char *const src =
     "  for (i64 c = threadIdx.x; c < H; c += blockDim.x) {\n"
     "    float acc = 0.0f;\n"
     "    for (i64 j = 0; j < k; j++) {\n"
-    "      const float y = ld(ys + (i64)inv[t * k + j] * H + c);\n"
+    "      const float y = ld(ys + (i64)inv[t * k + j] * ldy + c);\n"
     "      if (w) acc += ld(w + t * k + j) * y;\n"
     "      else acc += y;\n"
     "    }\n"
@@ -447,7 +449,7 @@ void cg_emit_grouped(cg_buf *b, const cg_variant *v, int emu) {
                "const ${X} *x, const int *perm, const ${W} *w, ${X} *xs, i64 nt, i64 k, i64 H, int *err",
                "expert_permute<${X}, ${W}>", kv, emu);
       cg_entry(b, CG_NT_ROW, "moec_expert_unpermute_${x}_${w}",
-               "const ${X} *ys, const int *inv, const ${W} *w, const ${X} *res, ${X} *out, i64 nt, i64 k, i64 H, int *err",
+               "const ${X} *ys, const int *inv, const ${W} *w, const ${X} *res, ${X} *out, i64 nt, i64 k, i64 H, i64 ldy, int *err",
                "expert_unpermute<${X}, ${W}>", kv, emu);
       cg_entry(b, CG_NT_ROW, "moec_expert_weight_grad_${x}_${w}",
                "const ${X} *a, const ${W} *b, const int *perm, float *dw, i64 nt, i64 k, i64 H, int *err",

@@ -56,7 +56,17 @@ int exec_EXPERT_UNPERMUTE(gx *x, int id) {
   cg_dtype tw = weighted ? DT(x, N(id)->in[2]) : CG_DT_F32;
   if (alloc_out(x, id, ys->rows / k, 0)) return -1;
   if (DT(x, N(id)->in[0]) != DT(x, id)) return fail(x, id, "input and output dtypes differ");
-  return ck(x, id, rt_cuda_expert_unpermute(KX, DT(x, id), tw, ys->p, V(id, 1)->p, weighted ? V(id, 2)->p : 0,
+  /* ys: a value, or a slice's window of grouped_mlp's output (VIEW_WINDOW), read with its stride */
+  const int y = N(id)->in[0];
+  gpu_ptr yp = ys->p;
+  int64_t ldy = COLS(id);
+  if (x->view[y] == VIEW_WINDOW && !yp) {
+    const int src = N(y)->in[0];
+    if (!x->val[src].p) return fail(x, id, "internal error: a window of a value that is itself a view");
+    yp = x->val[src].p + (gpu_ptr)(ir_get_int(N(y), "start", 0) * (int64_t)dsize(N(src)->type.dtype));
+    ldy = COLS(src);
+  }
+  return ck(x, id, rt_cuda_expert_unpermute(KX, DT(x, id), tw, yp, ldy, V(id, 1)->p, weighted ? V(id, 2)->p : 0,
                                             res ? V(id, N(id)->n_in - 1)->p : 0, x->val[id].p, ys->rows / k, k, COLS(id)));
 }
 

@@ -210,9 +210,11 @@ int rt_cuda_expert_sort(rt_cuda *k, gpu_ptr idx, int64_t T, int64_t kk, int64_t 
 /* w (T, kk) may be 0 (no weights). */
 int rt_cuda_expert_permute(rt_cuda *k, cg_dtype t, cg_dtype tw, gpu_ptr x /* (T, H) */, gpu_ptr perm, gpu_ptr w,
                            gpu_ptr xs /* (T*kk, H) */, int64_t T, int64_t kk, int64_t H);
-/* With res, out = res + the sum rounded to t (a residual add folded in, bit for bit the add's). */
-int rt_cuda_expert_unpermute(rt_cuda *k, cg_dtype t, cg_dtype tw, gpu_ptr ys /* (T*kk, H) */, gpu_ptr perm, gpu_ptr w,
-                             gpu_ptr res /* (T, H) or 0 */, gpu_ptr out /* (T, H) */, int64_t T, int64_t kk, int64_t H);
+/* ys's rows ldy >= H apart (a column window of a wider value: H for dense rows). With res,
+ * out = res + the sum rounded to t (a residual add folded in, bit for bit the add's). */
+int rt_cuda_expert_unpermute(rt_cuda *k, cg_dtype t, cg_dtype tw, gpu_ptr ys /* (T*kk, ldy) */, int64_t ldy, gpu_ptr perm,
+                             gpu_ptr w, gpu_ptr res /* (T, H) or 0 */, gpu_ptr out /* (T, H) */, int64_t T, int64_t kk,
+                             int64_t H);
 int rt_cuda_expert_weight_grad(rt_cuda *k, cg_dtype ta, cg_dtype tb, gpu_ptr a /* (T, H) */, gpu_ptr b /* (T*kk, H) */,
                                gpu_ptr perm, gpu_ptr dw /* f32 (T, kk) */, int64_t T, int64_t kk, int64_t H);
 int rt_cuda_expert_probs(rt_cuda *k, gpu_ptr w /* f32 (T, kk) */, gpu_ptr perm, gpu_ptr p /* f32 (T*kk) */, int64_t T,

@@ -58,10 +58,13 @@ int rt_cuda_expert_permute(rt_cuda *k, cg_dtype t, cg_dtype tw, gpu_ptr x, gpu_p
                     ARGS(&x, &perm, &w, &xs, &T, &kk, &H, &k->err_flag));
 }
 
-int rt_cuda_expert_unpermute(rt_cuda *k, cg_dtype t, cg_dtype tw, gpu_ptr ys, gpu_ptr perm, gpu_ptr w, gpu_ptr res,
+int rt_cuda_expert_unpermute(rt_cuda *k, cg_dtype t, cg_dtype tw, gpu_ptr ys, int64_t ldy, gpu_ptr perm, gpu_ptr w, gpu_ptr res,
                              gpu_ptr out, int64_t T, int64_t kk, int64_t H) {
   int64_t np = T * kk;
   if (np == 0) return 0;
+  if (ldy < H)
+    return rtk_fail(k, "expert_unpermute: rows %lld apart, narrower than H = %lld (%s)", (long long)ldy, (long long)H,
+                    ck_strerror(CK_ESHAPE));
   gpu_ptr inv = 0;
   if (rtk_scratch(k, (size_t)np * 4 + 256, &inv) != 0) return -1;
   if (rtk_launch(k, FAM, NULL, "moec_perm_invert", (uint64_t)ew_blocks(np), 1, CG_NT_EW,
@@ -70,7 +73,7 @@ int rt_cuda_expert_unpermute(rt_cuda *k, cg_dtype t, cg_dtype tw, gpu_ptr ys, gp
   char name[64];
   KN("expert_unpermute", 2, t, tw);
   return rtk_launch(k, FAM, NULL, name, (uint64_t)T, 1, rtk_row_threads(H, H % 8 == 0),
-                    ARGS(&ys, &inv, &w, &res, &out, &T, &kk, &H, &k->err_flag));
+                    ARGS(&ys, &inv, &w, &res, &out, &T, &kk, &H, &ldy, &k->err_flag));
 }
 
 int rt_cuda_expert_weight_grad(rt_cuda *k, cg_dtype ta, cg_dtype tb, gpu_ptr a, gpu_ptr b, gpu_ptr perm, gpu_ptr dw,

@@ -127,8 +127,10 @@ void gpu_views_plan(const ir_graph *g, const gpu_fp8_plan *fp8, int blas, int ga
   for (int id = 0; id < g->n_nodes; id++)
     for (int j = 0; j < g->nodes[id].n_in; j++) {
       int v = g->nodes[id].in[j];
-      /* grouped_mlp_bwd reads its saved gate_up (input 1) with a row stride */
-      int window_ok = reads_window(g, fp8, id) || (j == 1 && mlp_bwd_on_blas(g, fp8, blas, id));
+      /* grouped_mlp_bwd reads its saved gate_up (input 1) with a row stride, expert_unpermute its
+         rows (input 0: grouped_mlp's y) */
+      int window_ok = reads_window(g, fp8, id) || (j == 1 && mlp_bwd_on_blas(g, fp8, blas, id)) ||
+                      (j == 0 && g->nodes[id].op == OP_EXPERT_UNPERMUTE);
       if ((view[v] == VIEW_WINDOW && !window_ok) || (view[v] == VIEW_CAST && !reads_cast(g, fp8, id))) view[v] = VIEW_NONE;
     }
   for (int G = 0; G < g->n_nodes; G++) {

@@ -87,9 +87,24 @@ static void test_permute(cg_dtype t) {
     get_f(got, dxs, S * H, t);
     cmp(wi ? "expert_permute (weighted)" : "expert_permute", got, want, S * H, t, -1, 0);
     ck_expert_unpermute(ys, perm, wi ? w : NULL, want, T, KK, H);
-    RUN(rt_cuda_expert_unpermute(K, t, CG_DT_F32, dys, dperm, wi ? dw : 0, 0, dout, T, KK, H));
+    RUN(rt_cuda_expert_unpermute(K, t, CG_DT_F32, dys, H, dperm, wi ? dw : 0, 0, dout, T, KK, H));
     get_f(got, dout, T * H, t);
     cmp(wi ? "expert_unpermute (weighted)" : "expert_unpermute", got, want, T * H, t, -1, 0);
+    /* ys as a column window of wider rows (VIEW_WINDOW: grouped_mlp's y), from column 8 (the
+       16-byte path) and from column 3 (element loads): the same bits */
+    for (int c0 = 8; c0 >= 3; c0 -= 5) {
+      const int64_t ld = H + 24;
+      float *wide = rnd(S * ld, -2, 2, t), *got3 = falloc(T * H);
+      for (int64_t r = 0; r < S; r++) memcpy(wide + r * ld + c0, ys + r * H, (size_t)H * sizeof(float));
+      gpu_ptr dwide = up_f(wide, S * ld, t);
+      RUN(rt_cuda_expert_unpermute(K, t, CG_DT_F32, dwide + (gpu_ptr)(c0 * dts(t)), ld, dperm, wi ? dw : 0, 0, dout, T, KK, H));
+      get_f(got3, dout, T * H, t);
+      cmp(c0 == 8 ? "expert_unpermute, a window of wider rows" : "expert_unpermute, an unaligned window", got3, want, T * H, t,
+          -1, 0);
+      free(wide), free(got3);
+    }
+    CHECK(rt_cuda_expert_unpermute(K, t, CG_DT_F32, dys, H - 1, dperm, 0, 0, dout, T, KK, H) != 0,
+          "expert_unpermute accepted rows narrower than H");
     /* a residual folded in (fuse-residual): bit for bit the separate add of the residual and the
      * result just read back; off = 1 starts the residual off 16-byte alignment (the scalar path) */
     for (int off = 0; off < 2; off++) {
@@ -97,12 +112,12 @@ static void test_permute(cg_dtype t) {
       for (int64_t i = 0; i < T * H; i++) sum[i] = res[off + i] + got[i];
       if (t == CG_DT_BF16) ck_round_bf16(sum, T * H);
       gpu_ptr dres = up_f(res, T * H + 1, t) + (gpu_ptr)(off * (t == CG_DT_BF16 ? 2 : 4));
-      RUN(rt_cuda_expert_unpermute(K, t, CG_DT_F32, dys, dperm, wi ? dw : 0, dres, dout, T, KK, H));
+      RUN(rt_cuda_expert_unpermute(K, t, CG_DT_F32, dys, H, dperm, wi ? dw : 0, dres, dout, T, KK, H));
       get_f(got2, dout, T * H, t);
       cmp(off ? "expert_unpermute + residual, unaligned (exact)" : "expert_unpermute + residual (exact)", got2, sum, T * H,
           t, -1, 0);
       if (!off) { /* written over the residual */
-        RUN(rt_cuda_expert_unpermute(K, t, CG_DT_F32, dys, dperm, wi ? dw : 0, dres, dres, T, KK, H));
+        RUN(rt_cuda_expert_unpermute(K, t, CG_DT_F32, dys, H, dperm, wi ? dw : 0, dres, dres, T, KK, H));
         get_f(got2, dres, T * H, t);
         cmp("expert_unpermute + residual, into the residual (exact)", got2, sum, T * H, t, -1, 0);
       }
