@@ -194,7 +194,8 @@ int main(int argc, char **argv) {
   for (size_t mi = 0; mi < sizeof models / sizeof models[0]; mi++) {
     int64_t F = models[mi].ffn, H = models[mi].hidden;
     gpu_ptr out = u.c, act = u.c + 2 * (gpu_ptr)(S * F) * 2, dp = act + (gpu_ptr)(S * F) * 2 + MB;
-    const gpu_ptr dq = u.c + 512 * MB, dsc = u.c + 700 * MB; /* dgate|dup's MXFP8 rows (S, 2F) and codes */
+    /* dgate|dup's MXFP8 rows (S, 2F) and codes: blocks of 32 sharing 128, as mxfp8(block=128)'s */
+    const gpu_ptr dq = u.c + 512 * MB, dsc = u.c + 700 * MB;
     static const char *const names[] = {"mlp_bwd_split (MXFP8 gate_up)", "mxfp8_quantize_act", "mxfp8_quantize_tiles (E, H, 2F)^T",
                                         "mlp_bwd_split_q (+ dgate|dup rows quantized)", "mxfp8_quantize dgate|dup rows (unfused)"};
     static const double bytes_per_f[] = {4 + 2 + 2 * 2 + 2, 4 + 1, 0, 4 + 2 + 2 * 2 + 2 + 2, 4 + 2};
@@ -206,11 +207,11 @@ int main(int argc, char **argv) {
         gpu_event_record(G, e0);
         int rc = kn == 0 || kn == 3
                      ? rt_cuda_mlp_bwd_split_mx(KR, CG_DT_BF16, u.a, 0, 2 * F, u.b, u.b + (gpu_ptr)S * 2 * maxn, 32, u.sa, out,
-                                                act, dp, S, F, kn == 3 ? dq : 0, kn == 3 ? dsc : 0, kn == 3 ? 128 : 0)
+                                                act, dp, S, F, kn == 3 ? dq : 0, kn == 3 ? dsc : 0, kn == 3 ? 32 : 0)
                  : kn == 1 ? rt_cuda_mxfp8_quantize_act(KR, CG_DT_BF16, u.a, 2 * F, u.sa, S, F, 32, 1, u.c, u.c + 200 * MB)
                  : kn == 2 ? rt_cuda_mxfp8_quantize_tiles(KR, CG_DT_BF16, u.a, 0, E, H, 2 * F, 32, 1, u.c, u.c + 200 * MB,
                                                           u.c + 300 * MB)
-                           : rt_cuda_mxfp8_quantize(KR, CG_DT_BF16, out, S, 2 * F, 128, 1, dq, dsc);
+                           : rt_cuda_mxfp8_quantize(KR, CG_DT_BF16, out, S, 2 * F, 32, 1, dq, dsc);
         if (rc) die(rt_cuda_error(KR));
         gpu_event_record(G, e1);
         float ms = 0;

@@ -42,9 +42,9 @@
 #            fp8tile's peer                                                              [150 s]
 #   fp8tilenr  fp8tile without the fuse-residual pass (the residual adds as separate kernels),
 #            reusing fp8tile's peer                                                      [100 s]
-#   fp8tilegn  fp8tile with MOEC_GATHER=0 (the expert permutes write xs and dy out instead of the
-#            FP8 quantizes gathering the permuted rows, the default), reusing fp8tile's
-#            peer                                                                        [100 s]
+#   fp8tileng  fp8tile with MOEC_GATHER=0 (the expert permutes write xs and dy out instead of the
+#            FP8 quantizes gathering the permuted rows, the default since 2026-12-06; until then
+#            fp8tilegn ran the gather as the opt-in), reusing fp8tile's peer          [100 s]
 #   fp8tilesq, og2tilesq  fp8tile / og2tile with MOEC_SPLIT_Q=0 (dgate|dup's rows quantize as a
 #            kernel of its own, not in the split backward), reusing their peers        [100 / 150 s]
 #   gnab     fp8tile's moec run (no peer) with MOEC_GATHER=1 (the default) and =0, twice in turn: tok/s and
@@ -167,7 +167,7 @@ for part in "${parts[@]}"; do
     f8=${MOEC_FP8_GEMM:-}; [ $part = steptinywg ] && f8=wgmma
     MOEC_FP8_GEMM=$f8 MOEC_GPU_STEP_ONLY=$only timeout $([ $part = step ] && echo 300 || echo 180) "$C/test_gpu_step" >"$L/$part.log" 2>&1
     echo "rc $?"
-    grep "worst loss\|fail\|between steps\|VIEW_GATHER" "$L/$part.log" | head -20 ;;
+    grep "worst loss\|fail\|between steps\|VIEW_\|step [0-9]* with" "$L/$part.log" | head -20 ;;
   parallel)
     env MOEC=$C/moec timeout 300 stdbuf -oL "$C/test_gpu_parallel" >"$L/parallel.log" 2>&1; echo "rc $?"
     grep "vs one rank\|FAIL\|SKIP\|gpu_comm\|test_gpu_parallel" "$L/parallel.log" | head -20 ;;
@@ -239,7 +239,7 @@ for part in "${parts[@]}"; do
     m=genos_1b d=fp8tile && [ $part = og2tilesq ] && m=og2_8x1b d=og2tile
     peer_from "$L/$d" "$L/$part"
     bench LOGDIR=$L/$part PEER_SKIP=1 MOEC_SPLIT_Q=0 PRECISION='mxfp8(block=128,weight_tile=128)' MOEC_ARGS=$FUSED_MX timeout 200 bash bench/run_bench.sh $m ;;
-  fp8tilegn)
+  fp8tileng)
     peer_from "$L/fp8tile" "$L/$part"
     bench LOGDIR=$L/$part PEER_SKIP=1 MOEC_GATHER=0 PRECISION='mxfp8(block=128,weight_tile=128)' MOEC_ARGS=$FUSED_MX timeout 150 bash bench/run_bench.sh genos_1b ;;
   gnab)

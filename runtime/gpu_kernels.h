@@ -260,7 +260,8 @@ int rt_cuda_mlp_bwd_split(rt_cuda *k, cg_dtype tgu, gpu_ptr dact, gpu_ptr gate_u
  * each value decoded and rounded to tgu as rt_cuda_mxfp8_dequantize would write it. With dq
  * not 0 it also writes the stored dg | du's MXFP8 rows, byte for byte what
  * rt_cuda_mxfp8_quantize_win(share128 = 1, block dblock) would make of them: E4M3 dq (S, 2F)
- * and E8M0 codes dsc (S, 2F / dblock); F % 128 == 0, dblock | 128, 16-byte aligned rows. */
+ * and E8M0 codes dsc (S, 2F / dblock); F % 128 == 0, dblock in 8 .. 128 dividing 128, dq and
+ * the rows 16-byte aligned (else it fails, writing nothing). */
 int rt_cuda_mlp_bwd_split_mx(rt_cuda *k, cg_dtype tgu, gpu_ptr dact, gpu_ptr gate_up, int64_t ldg, gpu_ptr gq, gpu_ptr gsc,
                              int64_t gblock, gpu_ptr probs, gpu_ptr dgu, gpu_ptr act, gpu_ptr dp, int64_t S, int64_t F,
                              gpu_ptr dq, gpu_ptr dsc, int64_t dblock);

@@ -196,9 +196,10 @@ int rt_cuda_mlp_bwd_split_mx(rt_cuda *k, cg_dtype tgu, gpu_ptr dact, gpu_ptr gat
   if (gq && (gblock < 1 || (2 * F) % gblock))
     return rtk_fail(k, "mlp_bwd_split: MXFP8 blocks of %lld do not divide a row of 2F = %lld (%s)", (long long)gblock,
                     (long long)(2 * F), ck_strerror(CK_ESHAPE));
-  /* the quantized dg | du: groups of 128 as whole half-warps of the kernel's 16-byte path */
+  /* the quantized dg | du: groups of 128 as whole half-warps of the kernel's 16-byte path (its
+     `vec`: with gq, gate_up is not read) */
   const size_t gsz = tgu == CG_DT_BF16 ? 2 : 4;
-  if (dq && (F % 128 || dblock < 8 || dblock > 128 || 128 % dblock || dact % 16 || dgu % 16 || act % 16 ||
+  if (dq && (F % 128 || dblock < 8 || dblock > 128 || 128 % dblock || dact % 16 || dgu % 16 || act % 16 || dq % 16 ||
              (!gq && (gate_up % 16 || (size_t)ldg * gsz % 16))))
     return rtk_fail(k, "mlp_bwd_split: dg | du quantized in blocks of %lld needs F %% 128 == 0 (F = %lld), blocks dividing 128 "
                     "and 16-byte aligned rows (%s)", (long long)dblock, (long long)F, ck_strerror(CK_ESHAPE));

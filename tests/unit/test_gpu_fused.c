@@ -333,6 +333,11 @@ static void test_mlp_bwd_split_q(cg_dtype t, int64_t Fq, int mx) {
         "mlp_bwd_split_q accepted F %% 128 != 0");
   CHECK(rt_cuda_mlp_bwd_split_mx(K, t, dd, window, ldg, 0, 0, 0, dp, s2, o2, d2, S, Fq, q2, c2, 48) != 0,
         "mlp_bwd_split_q accepted blocks of 48");
+  /* off 16-byte alignment the kernel would take its element path, which writes no E4M3 rows */
+  CHECK(rt_cuda_mlp_bwd_split_mx(K, t, dd, window, ldg, 0, 0, 0, dp, s2, o2, d2, S, Fq, q2 + 8, c2, block) != 0,
+        "mlp_bwd_split_q accepted E4M3 rows off 16-byte alignment");
+  CHECK(rt_cuda_mlp_bwd_split_mx(K, t, dd, window + (gpu_ptr)dts(t), ldg, 0, 0, 0, dp, s2, o2, d2, S, Fq, q2, c2, block) != 0,
+        "mlp_bwd_split_q accepted gate_up off 16-byte alignment");
   if (ok)
     printf("  mlp_bwd_split_q [%s, F %lld, block %lld%s]: %lld values and codes, bit-exact\n", cg_dtype_name(t), (long long)Fq,
          (long long)block, mx ? ", from MXFP8" : "", (long long)(n2 + n2 / block));
