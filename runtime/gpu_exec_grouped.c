@@ -49,6 +49,17 @@ int exec_EXPERT_PERMUTE(gx *x, int id) {
   return ck(x, id, rt_cuda_expert_permute(KX, DT(x, id), tw, a->p, V(id, 1)->p, OPTP(id, 2), x->val[id].p, a->rows, k, COLS(id)));
 }
 
+/* Value v as a reader that takes slice windows in place sees it: its own buffer, rows
+ * dense_ld apart, or for a slice that writes nothing (VIEW_WINDOW) its window of the slice's
+ * input, rows as wide as that input's. 0 where that input has no buffer of its own. */
+static gpu_ptr value_or_window(gx *x, int v, int64_t dense_ld, int64_t *ld) {
+  *ld = dense_ld;
+  if (x->view[v] != VIEW_WINDOW || x->val[v].p) return x->val[v].p;
+  const int src = N(v)->in[0];
+  *ld = COLS(src);
+  return x->val[src].p ? x->val[src].p + (gpu_ptr)(ir_get_int(N(v), "start", 0) * (int64_t)dsize(N(src)->type.dtype)) : 0;
+}
+
 int exec_EXPERT_UNPERMUTE(gx *x, int id) {
   const dev_value *ys = V(id, 0);
   int64_t k = ir_get_int(N(id), "top_k", 1);
@@ -56,16 +67,11 @@ int exec_EXPERT_UNPERMUTE(gx *x, int id) {
   cg_dtype tw = weighted ? DT(x, N(id)->in[2]) : CG_DT_F32;
   if (alloc_out(x, id, ys->rows / k, 0)) return -1;
   if (DT(x, N(id)->in[0]) != DT(x, id)) return fail(x, id, "input and output dtypes differ");
-  /* ys: a value, or a slice's window of grouped_mlp's output (VIEW_WINDOW), read with its stride */
-  const int y = N(id)->in[0];
-  gpu_ptr yp = ys->p;
-  int64_t ldy = COLS(id);
-  if (x->view[y] == VIEW_WINDOW && !yp) {
-    const int src = N(y)->in[0];
-    if (!x->val[src].p) return fail(x, id, "internal error: a window of a value that is itself a view");
-    yp = x->val[src].p + (gpu_ptr)(ir_get_int(N(y), "start", 0) * (int64_t)dsize(N(src)->type.dtype));
-    ldy = COLS(src);
-  }
+  /* ys: a value, or a slice's window of grouped_mlp's output, read with its stride */
+  int64_t ldy;
+  const gpu_ptr yp = value_or_window(x, N(id)->in[0], COLS(id), &ldy);
+  if (!yp && x->view[N(id)->in[0]] == VIEW_WINDOW)
+    return fail(x, id, "internal error: a window of a value that is itself a view");
   return ck(x, id, rt_cuda_expert_unpermute(KX, DT(x, id), tw, yp, ldy, V(id, 1)->p, weighted ? V(id, 2)->p : 0,
                                             res ? V(id, N(id)->n_in - 1)->p : 0, x->val[id].p, ys->rows / k, k, COLS(id)));
 }
@@ -504,13 +510,8 @@ int exec_GROUPED_MLP_BWD(gx *x, int id) {
   }
   /* the saved gate_up: a value, or a window of grouped_mlp's output (its rows ldg apart) */
   int gu = N(id)->in[1];
-  gpu_ptr gup = V(id, 1)->p;
-  int64_t ldg = 2 * F;
-  if (x->view[gu] == VIEW_WINDOW && !gup) {
-    int src = N(gu)->in[0];
-    gup = x->val[src].p + (gpu_ptr)(ir_get_int(N(gu), "start", 0) * (int64_t)dsize(N(src)->type.dtype));
-    ldg = COLS(src);
-  }
+  int64_t ldg;
+  gpu_ptr gup = value_or_window(x, gu, 2 * F, &ldg);
   cg_dtype tdy = DT(x, N(id)->in[0]), tw = DT(x, N(id)->in[2]);
   if (x->fp8.site[id] || grouped_blas(x, tdy, tw)) {
     /* dact (S, F) f32 = dy . w_down[e]^T (FP8: w_down (E, F, H) along H, as is), then the
