@@ -42,6 +42,7 @@ gpu_runtime *gpu_runtime_new_on(rt_params *ps, int ordinal, const char *dump_dir
     snprintf(err, errlen, "GPU %d asked for, but %d GPU(s) are visible (CUDA_VISIBLE_DEVICES?)", ordinal, n);
     goto fail;
   }
+  rt->upd.mode = -1; /* read at the first update */
   if (!(rt->g = gpu_open(ordinal, err, errlen))) goto fail;
   const gpu_pool_backend pb = {rt->g, pool_alloc, pool_release, pool_idle};
   if (!(rt->pool = gpu_pool_new(&pb))) {
@@ -77,7 +78,7 @@ fail:
 
 void gpu_runtime_free(gpu_runtime *rt) {
   if (!rt) return;
-  if (rt->g) gpu_sync(rt->g);
+  if (rt->g) update_free(rt), gpu_sync(rt->g);
   for (int i = 0; rt->dp && i < rt->ps->n; i++) {
     gpu_free(rt->g, rt->dp[i].w);
     gpu_free(rt->g, rt->dp[i].m);
@@ -122,6 +123,7 @@ static int moment_move(gpu_runtime *rt, int up, gpu_ptr d, float *h, int64_t n) 
 
 /* Weights and moments of ps to the device (up) or back. */
 static int params_move(gpu_runtime *rt, rt_params *ps, int up, char *err, size_t errlen) {
+  if (update_settle(rt)) return errf(err, errlen, "%s", gpu_error(rt->g));
   for (int i = 0; i < ps->n; i++) {
     rt_param *p = &ps->p[i];
     const size_t bytes = (size_t)p->numel * 4;
@@ -149,6 +151,7 @@ int gpu_runtime_download(gpu_runtime *rt, rt_params *ps, char *err, size_t errle
 
 int gpu_runtime_fetch(gpu_runtime *rt, int i, int which, float *dst, char *err, size_t errlen) {
   const rt_param *p = &rt->ps->p[i];
+  if (update_settle(rt)) return errf(err, errlen, "%s", gpu_error(rt->g));
   if (which == 0)
     return gpu_download(rt->g, dst, rt->dp[i].w, (size_t)p->numel * 4) ? errf(err, errlen, "%s", gpu_error(rt->g)) : 0;
   int rc = moment_move(rt, 0, which == 1 ? rt->dp[i].m : rt->dp[i].v, dst, p->mn);
@@ -158,6 +161,7 @@ int gpu_runtime_fetch(gpu_runtime *rt, int i, int which, float *dst, char *err, 
 int gpu_runtime_store(gpu_runtime *rt, int i, int which, const float *src, char *err, size_t errlen) {
   const rt_param *p = &rt->ps->p[i];
   int rc;
+  if (update_settle(rt)) return errf(err, errlen, "%s", gpu_error(rt->g));
   if (which == 0) {
     if (gpu_upload(rt->g, rt->dp[i].w, src, (size_t)p->numel * 4)) return errf(err, errlen, "%s", gpu_error(rt->g));
     rt->dp[i].wb_fresh = 0;
@@ -935,7 +939,9 @@ static int adamw_shard(gx *x, int id, rt_cuda_adamw_hp *hp) {
 }
 
 /* The run of AdamW nodes from id with id's gradient storage and norm (they stand together at
- * the step's end) goes in one rt_cuda_adamw_multi; the run's later nodes then find it done. */
+ * the step's end) is done here, the run's later nodes then find it done: the stacks kept as
+ * squares one rt_cuda_adamw_squares each, the rest in rt_cuda_adamw_multi's tables, on the
+ * update's stream beside the next forward unless that is off (gpu_exec_update.c). */
 static int exec_ADAMW(gx *x, int id) {
   if (id > x->aw_from && id <= x->aw_until) return 0;
   const moec_config *c = &x->g->cfg;
@@ -950,13 +956,45 @@ static int exec_ADAMW(gx *x, int id) {
   for (int a = id + 1; a < end; a++) /* the run's later gradients: the loop waited only for id's */
     for (int k = 0; k < N(a)->n_in; k++)
       if (comm_wait(x, N(a)->in[k]) != 0) return fail(x, id, "%s", gpu_error(x->rt->g));
-  rt_cuda_adamw_tensor *t = malloc((size_t)(end - id) * sizeof *t);
-  if (!t) return fail(x, id, "out of host memory");
-  for (int a = id; a < end; a++) t[a - id] = adamw_entry(x, a);
-  int nt = end - id;
-  int rc = squares_adamw(x, id, gt, &hp, V(id, 2)->p, t, &nt);
-  if (rc == 0) rc = ck(x, id, rt_cuda_adamw_multi(KX, gt, t, nt, V(id, 2)->p, &hp));
-  free(t);
+  const int nt = end - id, ns = x->rt->n_stacks;
+  rt_cuda_adamw_tensor *t = malloc((size_t)nt * sizeof *t), *chunk = malloc((size_t)nt * sizeof *t);
+  int *stack_of = malloc((size_t)nt * sizeof(int)), *first = malloc((size_t)(ns + 1) * sizeof(int)),
+      *params = malloc((size_t)nt * sizeof(int));
+  int rc = t && chunk && stack_of && first && params ? 0 : fail(x, id, "out of host memory");
+  for (int a = id; rc == 0 && a < end; a++) t[a - id] = adamw_entry(x, a);
+  if (rc == 0) rc = squares_plan(x, id, gt, t, nt, stack_of, first);
+  /* Overlapped with the next forward (update_begin: 1), the launches go in graph order, which
+     is the order the forward reads the parameters, each followed by an event: the stacks one
+     a launch, the other parameters in 16 chunks or so (about a layer's each, so that the
+     forward's first layers wait for little). Else as before: each stack, then the rest in one
+     rt_cuda_adamw_multi. */
+  const int over = rc == 0 ? update_begin(x, id) : 0;
+  if (over < 0) rc = -1;
+  int64_t chunk_numel = INT64_MAX;
+  if (over) {
+    chunk_numel = 0;
+    for (int j = 0; j < nt; j++) chunk_numel += stack_of[j] < 0 ? t[j].n : 0;
+    chunk_numel = chunk_numel / 16 > 4096 ? chunk_numel / 16 : 4096;
+  }
+  int nc = 0;
+  int64_t numel = 0;
+  for (int j = 0; rc == 0 && j <= nt; j++) {
+    const int s = j < nt ? stack_of[j] : -1;
+    if (nc && (j == nt || (over && s >= 0 && first[s] == j) || numel >= chunk_numel)) {
+      rc = ck(x, id, rt_cuda_adamw_multi(KX, gt, chunk, nc, V(id, 2)->p, &hp));
+      if (rc == 0 && over) rc = update_mark(x, id, params, nc);
+      nc = 0, numel = 0;
+    }
+    if (j == nt || rc) break;
+    if (s < 0) {
+      chunk[nc] = t[j], params[nc++] = x->param_index[N(id + j)->in[0]], numel += t[j].n;
+    } else if (first[s] == j) {
+      rc = squares_update(x, id, gt, &hp, V(id, 2)->p, s, &t[j]);
+      if (rc == 0 && over) rc = update_mark(x, id, x->rt->stacks[s].params, x->rt->stacks[s].n);
+    }
+  }
+  if (over > 0 && update_end(x, id) && rc == 0) rc = -1;
+  free(t), free(chunk), free(stack_of), free(first), free(params);
   x->aw_from = id, x->aw_until = end - 1;
   return rc;
 }
@@ -1118,7 +1156,7 @@ void gpu_exec_free(gpu_exec *x) {
 void gpu_exec_keep_all(gpu_exec *x, int keep_all) { x->keep_all = keep_all; }
 
 int64_t gpu_exec_value(gpu_exec *x, int id, float *dst, int64_t cap) {
-  if (id < 0 || id >= x->g->n_nodes || !x->val[id].p) return 0;
+  if (id < 0 || id >= x->g->n_nodes || !x->val[id].p || update_settle(x->rt)) return 0;
   const dev_value *v = &x->val[id];
   int64_t n = v->numel < cap ? v->numel : cap;
   ir_dtype t = x->g->nodes[id].type.dtype;
@@ -1154,6 +1192,7 @@ int gpu_exec_run(gpu_exec *x, const int32_t *tokens, const int32_t *labels, int6
     gpu_profile_mark(x->prof, id);
     for (int j = 0; j < g->nodes[id].n_in && rc == 0; j++)
       if (comm_wait(x, g->nodes[id].in[j]) != 0) rc = fail(x, id, "%s", gpu_error(x->rt->g));
+    if (rc == 0) rc = update_wait_inputs(x, id);
     if (rc == 0) rc = exec_table[g->nodes[id].op](x, id);
     if (!x->keep_all)
       for (int j = 0; j < g->nodes[id].n_in; j++) {
@@ -1194,6 +1233,7 @@ int gpu_exec_run(gpu_exec *x, const int32_t *tokens, const int32_t *labels, int6
     for (int i = 0; i < g->n_nodes; i++) release(x, &x->val[i]);
     routes_release(x);
   }
+  update_run_end(x->rt); /* (after the releases: the gradients among them are held) */
   return rc;
 }
 

@@ -56,6 +56,9 @@ int gpu_exec_squares(const gpu_exec *x);
  * permutes whose FP8 quantizes gather their rows (MOEC_GATHER=0 turns them off); VIEW_SPLIT_Q,
  * the rows quantizes the split backwards make (MOEC_SPLIT_Q=0). */
 int gpu_exec_views(const gpu_exec *x, int view);
+/* The launches (each with its event) of the last AdamW update queued beside the next forward
+ * (MOEC_ADAMW_OVERLAP, gpu_exec_update.c); 0 when it ran on the main stream. */
+int gpu_runtime_update_launches(const gpu_runtime *rt);
 /* For tests: each stack kept as squares and fresh compared, byte for byte, with the quantize of
  * its weights as they are now; the number checked, or -1 (err says which differed). Syncs. */
 int gpu_exec_check_squares(gpu_exec *x, char *err, size_t errlen);

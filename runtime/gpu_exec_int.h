@@ -53,6 +53,27 @@ typedef struct {
   gpu_ptr q[2], blk[2], tab;
 } dev_stack;
 
+/* AdamW beside the next forward (gpu_exec_update.c): a step's update runs on its own stream,
+ * each launch followed by an event; the next forward's first reader of a parameter waits for
+ * the event after that parameter's launch, so the update of later layers overlaps the forward
+ * of earlier ones. The pool blocks the update reads (the gradients, the norm: all released
+ * from its first launch to the run's end) are held out of the pool until the main stream is
+ * ordered after the whole update. */
+typedef struct {
+  int mode;        /* MOEC_ADAMW_OVERLAP: 0 off, 1 the default priority, 2 high, 3 low; -1 unread */
+  void *stream;    /* the update's stream, made on first use */
+  void *start;     /* recorded on the main stream before a run of launches: the gradients are done */
+  void **ev;       /* (cap_ev) after each launch of the update in flight */
+  int n_ev, cap_ev;
+  int waited;      /* the main stream waited for ev[0 .. waited) */
+  int *param_ev;   /* (ps->n) the event after parameter i's update, -1: none in flight */
+  gpu_ptr *held;   /* (cap_held) pool blocks kept from the pool while the update may read them */
+  int n_held, cap_held;
+  int holding;     /* 1 from the update's first launch to the end of its run */
+  int swapped;     /* the update's stream is the context's (between update_begin and update_end) */
+  void *main;      /* the main stream while swapped */
+} dev_update;
+
 struct gpu_runtime {
   gpu_ctx *g;
   rt_cuda *k;
@@ -65,11 +86,13 @@ struct gpu_runtime {
   dev_stack *stacks;
   int n_stacks;
   gpu_pool *pool; /* activations and scratch (gpu_pool.h) */
+  dev_update upd;
   char device[320];
 };
 
-static inline int pool_get(gpu_runtime *rt, size_t bytes, gpu_ptr *p) { return gpu_pool_get(rt->pool, bytes, p); }
-static inline void pool_put(gpu_runtime *rt, gpu_ptr p) { gpu_pool_put(rt->pool, p); }
+/* The pool, through the update's hold (gpu_exec_update.c). */
+int pool_get(gpu_runtime *rt, size_t bytes, gpu_ptr *p);
+void pool_put(gpu_runtime *rt, gpu_ptr p);
 
 /* ---- the executor's state, and helpers every exec file uses ---- */
 typedef struct {
@@ -188,7 +211,18 @@ int fresh_copy(gx *x, int id, int i);
 /* gpu_exec_stacks.c */
 int plan_stacks(gx *x, char *err, size_t errlen);
 int squares_refresh(gx *x, int id, dev_stack *sk);
-int squares_adamw(gx *x, int id, cg_dtype gt, const rt_cuda_adamw_hp *hp, gpu_ptr gnorm, rt_cuda_adamw_tensor *t, int *n);
+int squares_plan(gx *x, int id, cg_dtype gt, const rt_cuda_adamw_tensor *t, int n, int *stack_of, int *first);
+int squares_update(gx *x, int id, cg_dtype gt, const rt_cuda_adamw_hp *hp, gpu_ptr gnorm, int s,
+                   const rt_cuda_adamw_tensor *t0);
+
+/* gpu_exec_update.c: AdamW beside the next forward (dev_update) */
+int update_settle(gpu_runtime *rt);
+int update_wait_inputs(gx *x, int id);
+int update_begin(gx *x, int id);
+int update_mark(gx *x, int id, const int *params, int n);
+int update_end(gx *x, int id);
+void update_run_end(gpu_runtime *rt);
+void update_free(gpu_runtime *rt);
 
 /* gpu_exec_grouped.c: the fusion passes' ops (exec_table) */
 int exec_EXPERT_COUNTS(gx *x, int id);

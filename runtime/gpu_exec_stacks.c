@@ -27,22 +27,23 @@ static int squares_grad_fits(const dev_stack *sk, const rt_cuda_adamw_tensor *t,
          ((wn->g_cols == w && wn->g_ld == sk->B) || (wn->g_cols == wn->g_ld && w == sk->B));
 }
 
-/* The AdamW run t (n entries, from node id) for the parameters of stacks kept as squares: one
- * rt_cuda_adamw_squares a stack whose parameters are all in the run, with one weight decay and
- * their gradients windows of one stacked gradient; those entries leave t (*n shrinks). A
- * stack only partly so keeps its entries and its squares go stale (its next quantize remakes
- * them from the weights). */
-int squares_adamw(gx *x, int id, cg_dtype gt, const rt_cuda_adamw_hp *hp, gpu_ptr gnorm, rt_cuda_adamw_tensor *t,
-                         int *n) {
+/* Which entries of the AdamW run t (n entries, from node id) the stacks kept as squares update:
+ * stack_of[j] = s when stack s has all its parameters in the run, with one weight decay and
+ * their gradients windows of one stacked gradient (squares_update then updates them all in one
+ * launch, first[s] its first parameter's entry), else -1. A stack only partly so keeps its
+ * entries and its squares go stale (its next quantize remakes them from the weights). */
+int squares_plan(gx *x, int id, cg_dtype gt, const rt_cuda_adamw_tensor *t, int n, int *stack_of, int *first) {
   gpu_runtime *rt = x->rt;
+  for (int j = 0; j < n; j++) stack_of[j] = -1;
   int *at = NULL; /* (ps->n) a parameter's entry in t, -1: none */
   for (int s = 0; s < rt->n_stacks; s++) {
     dev_stack *sk = &rt->stacks[s];
+    first[s] = -1;
     if (!sk->squares) continue;
     if (!at) {
       if (!(at = malloc((size_t)rt->ps->n * sizeof *at))) return fail(x, id, "out of host memory");
       for (int i = 0; i < rt->ps->n; i++) at[i] = -1;
-      for (int j = 0; j < *n; j++)
+      for (int j = 0; j < n; j++)
         for (int i = 0; i < rt->ps->n; i++)
           if (rt->dp[i].w == t[j].p) at[i] = j;
     }
@@ -53,7 +54,7 @@ int squares_adamw(gx *x, int id, cg_dtype gt, const rt_cuda_adamw_hp *hp, gpu_pt
       for (int64_t e = 0; e < sk->E; e++) {
         const int j = at[sk->params[part * sk->E + e]];
         in_run |= j >= 0;
-        all &= j >= 0 && j00 >= 0 && t[j].n >= 0 && t[j].wd == t[j00].wd && t[j00].g % 16 == 0 &&
+        all &= j >= 0 && j00 >= 0 && stack_of[j] < 0 && t[j].wd == t[j00].wd && t[j00].g % 16 == 0 &&
                squares_grad_fits(sk, &t[j], gt, t[j00].g, e, c0, rt->ps->p[sk->params[part * sk->E + e]].numel / sk->A);
       }
     if (!in_run) continue;
@@ -61,22 +62,23 @@ int squares_adamw(gx *x, int id, cg_dtype gt, const rt_cuda_adamw_hp *hp, gpu_pt
       sk->fresh = 0;
       continue;
     }
-    if (ck(x, id, rt_cuda_adamw_squares(KX, sk->tab, (int)parts, sk->E, sk->A, sk->B, gt, t[j00].g, gnorm, hp, t[j00].wd,
-                                        sk->block, sk->q[0], sk->blk[0], sk->q[1], sk->blk[1]))) {
-      free(at);
-      return -1;
-    }
-    sk->fresh = 1;
-    for (int k = 0; k < sk->n; k++) {
-      rt->dp[sk->params[k]].wb_fresh = 0; /* a copy of its own, if another graph made one, is stale */
-      t[at[sk->params[k]]].n = -1;        /* done */
-    }
+    first[s] = j00;
+    for (int k = 0; k < sk->n; k++) stack_of[at[sk->params[k]]] = s;
   }
-  int m = 0;
-  for (int j = 0; j < *n; j++)
-    if (t[j].n >= 0) t[m++] = t[j];
-  *n = m;
   free(at);
+  return 0;
+}
+
+/* Stack s's weights, moments and squares updated in one launch (t0: its first parameter's
+ * entry, whose gradient starts the stacked one). */
+int squares_update(gx *x, int id, cg_dtype gt, const rt_cuda_adamw_hp *hp, gpu_ptr gnorm, int s,
+                   const rt_cuda_adamw_tensor *t0) {
+  dev_stack *sk = &x->rt->stacks[s];
+  if (ck(x, id, rt_cuda_adamw_squares(KX, sk->tab, (int)(sk->n / sk->E), sk->E, sk->A, sk->B, gt, t0->g, gnorm, hp,
+                                      t0->wd, sk->block, sk->q[0], sk->blk[0], sk->q[1], sk->blk[1])))
+    return -1;
+  sk->fresh = 1;
+  for (int k = 0; k < sk->n; k++) x->rt->dp[sk->params[k]].wb_fresh = 0; /* a copy of its own, if another graph made one, is stale */
   return 0;
 }
 

@@ -111,6 +111,10 @@ static CUresult (*tensor_map_encode_tiled)(void *map, int dtype, unsigned rank, 
  * --profile-from-start off` records (MOEC_PROFILE_STEP, runtime/train.c). */
 static CUresult (*profiler_start)(void), (*profiler_stop)(void);
 
+/* cuStreamCreateWithPriority and cuCtxGetStreamPriorityRange, optional too: without them (the
+ * CPU emulator) a stream of another priority is a stream of the default one. */
+static CUresult (*stream_create_prio)(CUstream *, unsigned, int), (*stream_prio_range)(int *, int *);
+
 static pthread_once_t load_once = PTHREAD_ONCE_INIT;
 static int load_rc = -1;
 static char load_err[512];
@@ -204,6 +208,8 @@ static void load_driver(void) {
   *(void **)&tensor_map_encode_tiled = dlsym(h, "cuTensorMapEncodeTiled"); /* optional: TMA (gpu_wgmma.c) */
   *(void **)&profiler_start = dlsym(h, "cuProfilerStart");
   *(void **)&profiler_stop = dlsym(h, "cuProfilerStop");
+  *(void **)&stream_create_prio = dlsym(h, "cuStreamCreateWithPriority");
+  *(void **)&stream_prio_range = dlsym(h, "cuCtxGetStreamPriorityRange");
   CUresult r = cu.Init(0);
   if (r != CUDA_SUCCESS) {
     char rs[256];
@@ -638,6 +644,22 @@ int gpu_stream_new(gpu_ctx *g, void **stream) {
   *stream = NULL;
   CALL(g, cu.StreamCreate((CUstream *)stream, CU_STREAM_NON_BLOCKING), "cuStreamCreate (a second stream)");
   return 0;
+}
+
+int gpu_stream_new_prio(gpu_ctx *g, void **stream, int priority) {
+  int least = 0, greatest = 0;
+  if (!priority || !stream_create_prio || !stream_prio_range || stream_prio_range(&least, &greatest) != CUDA_SUCCESS)
+    return gpu_stream_new(g, stream);
+  *stream = NULL;
+  CALL(g, stream_create_prio((CUstream *)stream, CU_STREAM_NON_BLOCKING, priority > 0 ? greatest : least),
+       "cuStreamCreateWithPriority (a second stream)");
+  return 0;
+}
+
+void *gpu_stream_swap(gpu_ctx *g, void *stream) {
+  void *was = g->stream;
+  g->stream = stream;
+  return was;
 }
 
 void gpu_stream_free(gpu_ctx *g, void *stream) {

@@ -151,6 +151,11 @@ int gpu_event_done(void *ev);
  * ev recorded on `stream`, and `stream` waiting (on the GPU; the host goes on) for the work
  * before ev's last record. stream NULL: g's own stream. */
 int gpu_stream_new(gpu_ctx *g, void **stream);
+/* ... of a priority: > 0 the device's greatest, < 0 its least, 0 the default. */
+int gpu_stream_new_prio(gpu_ctx *g, void **stream, int priority);
+/* Makes `stream` g's own (the one every queued call above uses) and returns the one it was:
+ * a run of launches put on a second stream, the first swapped back after it. */
+void *gpu_stream_swap(gpu_ctx *g, void *stream);
 void gpu_stream_free(gpu_ctx *g, void *stream);
 int gpu_event_record_on(gpu_ctx *g, void *ev, void *stream);
 int gpu_stream_wait(gpu_ctx *g, void *stream, void *ev);

@@ -177,69 +177,128 @@ static int compare(const char *path, const moec_set *sets, int n_sets, int fused
   return failed;
 }
 
+/* One deterministic run (MOEC_DETERMINISTIC: no cuDNN attention, no GEMM tuning) of STEPS
+ * steps of the mxfp8 pipeline on a fresh runtime with rt_params_new's weights, `env`=on: its
+ * losses, gradient norms, the views of kind `view` its graph has, the launches of its last
+ * AdamW queued beside the next forward, and its weights and moments (*out, downloaded at the
+ * end). Returns the number of failures. */
+enum { STEPS = 3 };
+typedef struct {
+  float loss[STEPS];
+  double norm[STEPS];
+  int views, launches;
+  rt_params *ps;
+} exact_run;
+
+static int run_exact(const char *path, const moec_set *sets, int n_sets, const char *env, int on, int view,
+                     const char *what, exact_run *out) {
+  char err[2048];
+  int failed = 0;
+  setenv("MOEC_DETERMINISTIC", "1", 1);
+  setenv(env, on ? "1" : "0", 1);
+  ir_graph *g = load(path, sets, n_sets, 2);
+  data_opts dopt = {g ? g->cfg.seq : 1, 0, 0.01, 0, 0, 1};
+  data_set *d = g ? data_open("data/chr20_slice.fa.gz", &dopt, err, sizeof err) : NULL;
+  rt_params *pg = g ? rt_params_new(g, 3) : NULL;
+  gpu_runtime *rt = pg ? gpu_runtime_new(pg, NULL, err, sizeof err) : NULL;
+  gpu_exec *gx = rt ? gpu_exec_new(rt, g, err, sizeof err) : NULL;
+  if (!d || !gx) {
+    fprintf(stderr, "%s: %s check setup failed: %s\n", path, what, err);
+    failed++;
+  } else {
+    out->views = view >= 0 ? gpu_exec_views(gx, view) : 0;
+    int64_t T = g->cfg.batch * g->cfg.seq;
+    int32_t *tok = malloc((size_t)T * 4), *lab = malloc((size_t)T * 4);
+    for (int s = 1; s <= STEPS && !failed; s++) {
+      float o[8];
+      data_train_batch(d, s - 1, g->cfg.batch, tok, lab);
+      if (gpu_exec_run(gx, tok, lab, s, o, &out->norm[s - 1], err, sizeof err)) {
+        fprintf(stderr, "%s: %s %s, step %d: %s\n", path, what, on ? "on" : "off", s, err);
+        failed++;
+      }
+      out->loss[s - 1] = o[0];
+    }
+    out->launches = gpu_runtime_update_launches(rt);
+    if (!failed && gpu_runtime_download(rt, pg, err, sizeof err)) { /* waits for the update in flight */
+      fprintf(stderr, "%s: %s download: %s\n", path, what, err);
+      failed++;
+    }
+    free(tok);
+    free(lab);
+  }
+  gpu_exec_free(gx);
+  gpu_runtime_free(rt);
+  data_close(d);
+  ir_graph_free(g);
+  unsetenv(env);
+  unsetenv("MOEC_DETERMINISTIC");
+  out->ps = pg;
+  return failed;
+}
+
+/* The losses and gradient norms of runs r[1] (on) and r[0] (off) the same bits; with weights,
+ * their weights and moments too. 0 when so. */
+static int same_bits(const char *path, const char *what, const char *env, const exact_run *r, int weights) {
+  for (int s = 0; s < STEPS; s++)
+    if (memcmp(&r[0].loss[s], &r[1].loss[s], sizeof(float)) || memcmp(&r[0].norm[s], &r[1].norm[s], sizeof(double))) {
+      fprintf(stderr, "%s: step %d with %s: loss %.9g, grad norm %.12g; %s=0: %.9g, %.12g\n", path, s + 1, what,
+              r[1].loss[s], r[1].norm[s], env, r[0].loss[s], r[0].norm[s]);
+      return 1;
+    }
+  for (int i = 0; weights && i < r[0].ps->n; i++) {
+    const rt_param *a = &r[0].ps->p[i], *b = &r[1].ps->p[i];
+    if (memcmp(a->w, b->w, (size_t)a->numel * 4) || memcmp(a->m, b->m, (size_t)a->mn * 4) ||
+        memcmp(a->v, b->v, (size_t)a->mn * 4)) {
+      fprintf(stderr, "%s: with %s, %s's weights or moments after %d steps differ from %s=0's\n", path, what, a->name,
+              STEPS, env);
+      return 1;
+    }
+  }
+  return 0;
+}
+
 /* A view that changes no bit, on by default and off with `env`=0 (VIEW_GATHER: MOEC_GATHER,
- * VIEW_SPLIT_Q: MOEC_SPLIT_Q): deterministic runs (MOEC_DETERMINISTIC: no cuDNN attention, no GEMM
- * tuning) of 3 steps with it and without, on fresh runtimes from the same weights, give the same
- * losses and gradient norms, and the first one has such views. (compare() checks gradients in
- * step 1 only, which keeps every value and so makes none of these views.) */
+ * VIEW_SPLIT_Q: MOEC_SPLIT_Q): deterministic runs with it and without give the same losses and
+ * gradient norms, and the first one has such views. (compare() checks gradients in step 1 only,
+ * which keeps every value and so makes none of these views.) */
 static int view_exact(const char *path, const moec_set *sets, int n_sets, const char *env, int view, const char *what) {
   const char *only = getenv("MOEC_GPU_STEP_ONLY");
   if (only && !strstr(path, only)) return 0;
-  enum { STEPS = 3 };
-  float loss[2][STEPS];
-  double norm[2][STEPS];
-  int views[2] = {0, 0}, failed = 0;
-  char err[2048];
-  setenv("MOEC_DETERMINISTIC", "1", 1);
-  for (int on = 1; on >= 0 && !failed; on--) {
-    setenv(env, on ? "1" : "0", 1);
-    ir_graph *g = load(path, sets, n_sets, 2);
-    data_opts dopt = {g ? g->cfg.seq : 1, 0, 0.01, 0, 0, 1};
-    data_set *d = g ? data_open("data/chr20_slice.fa.gz", &dopt, err, sizeof err) : NULL;
-    rt_params *pg = g ? rt_params_new(g, 3) : NULL;
-    gpu_runtime *rt = pg ? gpu_runtime_new(pg, NULL, err, sizeof err) : NULL;
-    gpu_exec *gx = rt ? gpu_exec_new(rt, g, err, sizeof err) : NULL;
-    if (!d || !gx) {
-      fprintf(stderr, "%s: %s check setup failed: %s\n", path, what, err);
-      failed++;
-    } else {
-      views[on] = gpu_exec_views(gx, view);
-      int64_t T = g->cfg.batch * g->cfg.seq;
-      int32_t *tok = malloc((size_t)T * 4), *lab = malloc((size_t)T * 4);
-      for (int s = 1; s <= STEPS && !failed; s++) {
-        float out[8];
-        data_train_batch(d, s - 1, g->cfg.batch, tok, lab);
-        if (gpu_exec_run(gx, tok, lab, s, out, &norm[on][s - 1], err, sizeof err)) {
-          fprintf(stderr, "%s: %s %s, step %d: %s\n", path, what, on ? "on" : "off", s, err);
-          failed++;
-        }
-        loss[on][s - 1] = out[0];
-      }
-      free(tok);
-      free(lab);
-    }
-    gpu_exec_free(gx);
-    gpu_runtime_free(rt);
-    rt_params_free(pg);
-    data_close(d);
-    ir_graph_free(g);
+  exact_run r[2];
+  memset(r, 0, sizeof r);
+  int failed = run_exact(path, sets, n_sets, env, 1, view, what, &r[1]);
+  if (!failed) failed = run_exact(path, sets, n_sets, env, 0, view, what, &r[0]);
+  if (!failed && (r[1].views == 0 || r[0].views != 0)) {
+    fprintf(stderr, "%s: %d %s views by default (want some), %d with %s=0 (want 0)\n", path, r[1].views, what, r[0].views, env);
+    failed = 1;
   }
-  unsetenv(env);
-  unsetenv("MOEC_DETERMINISTIC");
-  if (failed) return failed;
-  if (views[1] == 0 || views[0] != 0) {
-    fprintf(stderr, "%s: %d %s views by default (want some), %d with %s=0 (want 0)\n", path, views[1], what, views[0], env);
-    return 1;
+  if (!failed && !(failed = same_bits(path, what, env, r, 0)))
+    printf("%s: %s (%d views): %d deterministic steps, losses and grad norms bit for bit those of %s=0\n", path, what,
+           r[1].views, STEPS, env);
+  rt_params_free(r[0].ps), rt_params_free(r[1].ps);
+  return failed;
+}
+
+/* AdamW beside the next forward (MOEC_ADAMW_OVERLAP, on by default): deterministic runs with it
+ * and without give the same losses, gradient norms, weights and moments, bit for bit, and the
+ * first one queued its update in more than one launch (the next forward waited per parameter). */
+static int overlap_exact(const char *path, const moec_set *sets, int n_sets) {
+  const char *only = getenv("MOEC_GPU_STEP_ONLY"), *env = "MOEC_ADAMW_OVERLAP", *what = "AdamW overlapped";
+  if (only && !strstr(path, only)) return 0;
+  exact_run r[2];
+  memset(r, 0, sizeof r);
+  int failed = run_exact(path, sets, n_sets, env, 1, -1, what, &r[1]);
+  if (!failed) failed = run_exact(path, sets, n_sets, env, 0, -1, what, &r[0]);
+  if (!failed && (r[1].launches < 2 || r[0].launches != 0)) {
+    fprintf(stderr, "%s: the update beside the forward made %d launches (want 2 or more), %d with %s=0 (want 0)\n", path,
+            r[1].launches, r[0].launches, env);
+    failed = 1;
   }
-  for (int s = 0; s < STEPS; s++)
-    if (memcmp(&loss[0][s], &loss[1][s], sizeof(float)) || memcmp(&norm[0][s], &norm[1][s], sizeof(double))) {
-      fprintf(stderr, "%s: step %d with %s: loss %.9g, grad norm %.12g; %s=0: %.9g, %.12g\n", path, s + 1, what, loss[1][s],
-              norm[1][s], env, loss[0][s], norm[0][s]);
-      return 1;
-    }
-  printf("%s: %s (%d views): %d deterministic steps, losses and grad norms bit for bit those of %s=0\n", path, what,
-         views[1], STEPS, env);
-  return 0;
+  if (!failed && !(failed = same_bits(path, what, env, r, 1)))
+    printf("%s: %s (%d launches): %d deterministic steps, losses, grad norms, weights and moments bit for bit those of "
+           "%s=0\n", path, what, r[1].launches, STEPS, env);
+  rt_params_free(r[0].ps), rt_params_free(r[1].ps);
+  return failed;
 }
 
 int main(void) {
@@ -296,6 +355,12 @@ int main(void) {
      quantizing its dg | du (VIEW_SPLIT_Q), each against its switch off */
   failed += view_exact("models/tiny.moe", tiny8t, 3, "MOEC_GATHER", VIEW_GATHER, "VIEW_GATHER");
   failed += view_exact("models/tiny.moe", tiny8t, 3, "MOEC_SPLIT_Q", VIEW_SPLIT_Q, "VIEW_SPLIT_Q");
+  /* the update beside the next forward: with the squares (a launch a stack), and with bf16
+     moments and copies (chunks of rt_cuda_adamw_multi) */
+  failed += overlap_exact("models/tiny.moe", tiny8t, 3);
+  setenv("MOEC_SQUARES", "0", 1);
+  failed += overlap_exact("models/tiny.moe", tiny8tm, 4);
+  unsetenv("MOEC_SQUARES");
   if (failed) {
     fprintf(stderr, "test_gpu_step: %d failures\n", failed);
     return 1;

@@ -1,0 +1,169 @@
+/* gpu_exec_update.c -- AdamW beside the next forward (dev_update, gpu_exec_int.h).
+ *
+ * The update needs the whole gradient's norm (clipping), so it cannot start before the backward
+ * ends; but the next step's forward needs layer l's weights only when it reaches layer l. So
+ * exec_ADAMW queues the update on a stream of its own, an event after each launch, and the
+ * main stream goes on: the step's closing reads (loss, norm) wait only for the backward, and
+ * the next forward's first reader of a parameter waits for the event after that parameter's
+ * launch (update_wait_inputs). The values are those of the serial order -- the same kernels on
+ * the same inputs -- because nothing else writes what the update reads (gradients, norm,
+ * moments) or reads what it writes (weights, copies, squares) before those waits:
+ *   - the gradients and the norm are pool blocks released while the update is queued; they
+ *     are held out of the pool (pool_put) until the main stream is ordered after the update;
+ *   - every other way to the weights (download, fetch, store, upload, free, an out-of-memory
+ *     retry) first settles: the main stream waits for the whole update.
+ * MOEC_ADAMW_OVERLAP=0 turns it off (the update on the main stream, as before); =high / =low
+ * give the update's stream the device's greatest or least priority. Off under data or expert
+ * parallelism (the collectives have their own stream ordering) and when the executor keeps
+ * every value (gpu_exec_keep_all: they go back to the pool at the next run's start, unheld). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "gpu_exec_int.h"
+
+static int overlap_mode(void) {
+  const char *e = getenv("MOEC_ADAMW_OVERLAP");
+  if (!e || !*e || strcmp(e, "1") == 0) return 1;
+  if (strcmp(e, "high") == 0) return 2;
+  if (strcmp(e, "low") == 0) return 3;
+  return 0; /* "0", or anything else: off */
+}
+
+/* The main stream ordered after every launch of the update in flight. */
+static int wait_all(gpu_runtime *rt) {
+  dev_update *u = &rt->upd;
+  if (u->waited >= u->n_ev) return 0;
+  if (gpu_stream_wait(rt->g, u->main && u->swapped ? u->main : NULL, u->ev[u->n_ev - 1])) return -1;
+  u->waited = u->n_ev;
+  return 0;
+}
+
+/* The held blocks back in the pool: the main stream waited for the update, so whatever it
+ * queues in them comes after the update's reads. */
+static void unhold(gpu_runtime *rt) {
+  dev_update *u = &rt->upd;
+  for (int i = 0; i < u->n_held; i++) gpu_pool_put(rt->pool, u->held[i]);
+  u->n_held = 0;
+}
+
+int update_settle(gpu_runtime *rt) {
+  if (wait_all(rt)) return -1;
+  if (!rt->upd.holding) unhold(rt);
+  return 0;
+}
+
+void pool_put(gpu_runtime *rt, gpu_ptr p) {
+  dev_update *u = &rt->upd;
+  if (!u->holding) {
+    gpu_pool_put(rt->pool, p);
+    return;
+  }
+  if (u->n_held == u->cap_held) {
+    int cap = u->cap_held ? 2 * u->cap_held : 256;
+    gpu_ptr *h = realloc(u->held, (size_t)cap * sizeof *h);
+    if (!h) { /* no room to hold it: order the main stream after the update instead */
+      if (wait_all(rt) == 0) gpu_pool_put(rt->pool, p);
+      return; /* (else leaked, never reused while the update may read it; the step fails later) */
+    }
+    u->held = h, u->cap_held = cap;
+  }
+  u->held[u->n_held++] = p;
+}
+
+int pool_get(gpu_runtime *rt, size_t bytes, gpu_ptr *p) {
+  if (gpu_pool_get(rt->pool, bytes, p) == 0) return 0;
+  dev_update *u = &rt->upd;
+  if (u->n_held == 0 || wait_all(rt)) return -1;
+  unhold(rt); /* out of memory with blocks held: give the overlap up for this step, try again */
+  return gpu_pool_get(rt->pool, bytes, p);
+}
+
+/* A node that reads a parameter (or its bf16 copy, or the stack or squares made from it) waits
+ * for that parameter's update. The update's own nodes run on its stream and wait for nothing. */
+int update_wait_inputs(gx *x, int id) {
+  dev_update *u = &x->rt->upd;
+  if (u->waited >= u->n_ev || N(id)->op == OP_ADAMW) return 0;
+  int need = -1;
+  for (int j = 0; j < N(id)->n_in; j++) {
+    int v = N(id)->in[j];
+    if (N(v)->op == OP_CAST && N(N(v)->in[0])->op == OP_PARAM) v = N(v)->in[0];
+    if (N(v)->op == OP_PARAM && x->param_index[v] >= 0 && u->param_ev[x->param_index[v]] > need)
+      need = u->param_ev[x->param_index[v]];
+  }
+  if (need < u->waited) return 0;
+  if (gpu_stream_wait(x->rt->g, NULL, u->ev[need])) return fail(x, id, "%s", gpu_error(x->rt->g));
+  u->waited = need + 1;
+  if (u->waited == u->n_ev && !u->holding) unhold(x->rt);
+  return 0;
+}
+
+/* Before a run of AdamW launches: 1 when they go on the update's stream (which then waits for
+ * the main stream's work so far), 0 when they stay on the main stream, -1 on an error. */
+int update_begin(gx *x, int id) {
+  gpu_runtime *rt = x->rt;
+  dev_update *u = &rt->upd;
+  if (u->mode < 0) u->mode = overlap_mode();
+  if (!u->mode || x->comm || x->keep_all) return 0; /* keep_all: the values are released at the next run's start */
+  if (!u->holding) { /* the step's first run: the last step's update is long done being waited for */
+    if (update_settle(rt)) return fail(x, id, "%s", gpu_error(rt->g));
+    u->n_ev = u->waited = 0;
+    if (!u->param_ev && !(u->param_ev = malloc((size_t)(rt->ps->n + 1) * sizeof(int))))
+      return fail(x, id, "out of host memory");
+    for (int i = 0; i < rt->ps->n; i++) u->param_ev[i] = -1;
+    u->holding = 1;
+  }
+  if (!u->stream && gpu_stream_new_prio(rt->g, &u->stream, u->mode == 2 ? 1 : u->mode == 3 ? -1 : 0))
+    return fail(x, id, "%s", gpu_error(rt->g));
+  if (!u->start && gpu_event_new(rt->g, &u->start)) return fail(x, id, "%s", gpu_error(rt->g));
+  if (gpu_event_record_on(rt->g, u->start, NULL) || gpu_stream_wait(rt->g, u->stream, u->start))
+    return fail(x, id, "%s", gpu_error(rt->g));
+  u->main = gpu_stream_swap(rt->g, u->stream);
+  u->swapped = 1;
+  return 1;
+}
+
+/* After a launch on the update's stream that updated parameters params[0 .. n): its event. */
+int update_mark(gx *x, int id, const int *params, int n) {
+  gpu_runtime *rt = x->rt;
+  dev_update *u = &rt->upd;
+  if (u->n_ev == u->cap_ev) {
+    int cap = u->cap_ev ? 2 * u->cap_ev : 64;
+    void **ev = realloc(u->ev, (size_t)cap * sizeof *ev);
+    if (!ev) return fail(x, id, "out of host memory");
+    memset(ev + u->cap_ev, 0, (size_t)(cap - u->cap_ev) * sizeof *ev);
+    u->ev = ev, u->cap_ev = cap;
+  }
+  if (!u->ev[u->n_ev] && gpu_event_new(rt->g, &u->ev[u->n_ev])) return fail(x, id, "%s", gpu_error(rt->g));
+  if (gpu_event_record_on(rt->g, u->ev[u->n_ev], u->stream)) return fail(x, id, "%s", gpu_error(rt->g));
+  for (int k = 0; k < n; k++) u->param_ev[params[k]] = u->n_ev;
+  u->n_ev++;
+  return 0;
+}
+
+/* After the run of launches: the main stream is the context's again. */
+int update_end(gx *x, int id) {
+  dev_update *u = &x->rt->upd;
+  if (!u->swapped) return 0;
+  gpu_stream_swap(x->rt->g, u->main);
+  u->swapped = 0, u->main = NULL;
+  (void)id;
+  return 0;
+}
+
+int gpu_runtime_update_launches(const gpu_runtime *rt) { return rt->upd.n_ev; }
+
+/* The run is over: what it releases from now on is not read by its update. */
+void update_run_end(gpu_runtime *rt) { rt->upd.holding = 0; }
+
+void update_free(gpu_runtime *rt) {
+  dev_update *u = &rt->upd;
+  if (u->swapped) gpu_stream_swap(rt->g, u->main), u->swapped = 0;
+  wait_all(rt);
+  unhold(rt);
+  if (u->stream) gpu_sync(rt->g), gpu_stream_free(rt->g, u->stream);
+  for (int i = 0; i < u->cap_ev; i++)
+    if (u->ev[i]) gpu_event_free(rt->g, u->ev[i]);
+  if (u->start) gpu_event_free(rt->g, u->start);
+  free(u->ev), free(u->param_ev), free(u->held);
+  memset(u, 0, sizeof *u);
+}
