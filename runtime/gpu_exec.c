@@ -189,8 +189,10 @@ static int comm_wait(gx *x, int v) {
 
 static void release(gx *x, dev_value *v) {
   /* a buffer an all_reduce may still write goes back to the pool only behind it */
-  if (comm_wait(x, (int)(v - x->val)) != 0) return; /* leaked, not reused while written; the step fails later */
-  if (v->bytes) pool_put(x->rt, v->p);
+  const int id = (int)(v - x->val);
+  if (comm_wait(x, id) != 0) return; /* leaked, not reused while written; the step fails later */
+  if (v->bytes) pool_put_after(x->rt, v->p, x->upd_ev ? x->upd_ev[id] : -1); /* held while the update beside the forward reads it */
+  if (x->upd_ev) x->upd_ev[id] = -1;
   if (v->q8_bytes) pool_put(x->rt, v->q8);
   if (v->s8_bytes) pool_put(x->rt, v->s8);
   memset(v, 0, sizeof *v);
@@ -959,8 +961,8 @@ static int exec_ADAMW(gx *x, int id) {
   const int nt = end - id, ns = x->rt->n_stacks;
   rt_cuda_adamw_tensor *t = malloc((size_t)nt * sizeof *t), *chunk = malloc((size_t)nt * sizeof *t);
   int *stack_of = malloc((size_t)nt * sizeof(int)), *first = malloc((size_t)(ns + 1) * sizeof(int)),
-      *params = malloc((size_t)nt * sizeof(int));
-  int rc = t && chunk && stack_of && first && params ? 0 : fail(x, id, "out of host memory");
+      *params = malloc((size_t)nt * sizeof(int)), *chunk_node = malloc((size_t)nt * sizeof(int));
+  int rc = t && chunk && stack_of && first && params && chunk_node ? 0 : fail(x, id, "out of host memory");
   for (int a = id; rc == 0 && a < end; a++) t[a - id] = adamw_entry(x, a);
   if (rc == 0) rc = squares_plan(x, id, gt, t, nt, stack_of, first);
   /* Overlapped with the next forward (update_begin: 1), the launches go in graph order, which
@@ -983,18 +985,22 @@ static int exec_ADAMW(gx *x, int id) {
     if (nc && (j == nt || (over && s >= 0 && first[s] == j) || numel >= chunk_numel)) {
       rc = ck(x, id, rt_cuda_adamw_multi(KX, gt, chunk, nc, V(id, 2)->p, &hp));
       if (rc == 0 && over) rc = update_mark(x, id, params, nc);
+      for (int c = 0; rc == 0 && over && c < nc; c++) update_reads(x, N(chunk_node[c])->in[1], x->rt->upd.n_ev - 1);
       nc = 0, numel = 0;
     }
     if (j == nt || rc) break;
     if (s < 0) {
-      chunk[nc] = t[j], params[nc++] = x->param_index[N(id + j)->in[0]], numel += t[j].n;
+      chunk[nc] = t[j], chunk_node[nc] = id + j, params[nc++] = x->param_index[N(id + j)->in[0]], numel += t[j].n;
     } else if (first[s] == j) {
       rc = squares_update(x, id, gt, &hp, V(id, 2)->p, s, &t[j]);
       if (rc == 0 && over) rc = update_mark(x, id, x->rt->stacks[s].params, x->rt->stacks[s].n);
+      for (int k = 0; rc == 0 && over && k < nt; k++) /* its gradients: windows of one stacked gradient */
+        if (stack_of[k] == s) update_reads(x, N(id + k)->in[1], x->rt->upd.n_ev - 1);
     }
   }
+  if (rc == 0 && over) update_reads(x, N(id)->in[2], x->rt->upd.n_ev - 1); /* the norm: every launch */
   if (over > 0 && update_end(x, id) && rc == 0) rc = -1;
-  free(t), free(chunk), free(stack_of), free(first), free(params);
+  free(t), free(chunk), free(stack_of), free(first), free(params), free(chunk_node);
   x->aw_from = id, x->aw_until = end - 1;
   return rc;
 }
@@ -1094,9 +1100,12 @@ gpu_exec *gpu_exec_new(gpu_runtime *rt, const ir_graph *g, char *err, size_t err
   x->cpin = calloc(n, sizeof *x->cpin), x->cev = calloc(n, sizeof *x->cev), x->cpending = calloc(n, 1);
   x->ep_all = calloc(n, sizeof *x->ep_all);
   x->view = calloc(n, 1);
+  x->upd_ev = malloc(n * sizeof *x->upd_ev);
+  for (size_t i = 0; x->upd_ev && i < n; i++) x->upd_ev[i] = -1;
   x->stack_of = malloc(n * sizeof *x->stack_of);
   x->comm_done = calloc(n, sizeof *x->comm_done), x->comm_pending = calloc(n, 1);
-  if (!x->hcounts || !x->cpin || !x->cev || !x->cpending || !x->ep_all || !x->view || !x->stack_of || !x->comm_done || !x->comm_pending) {
+  if (!x->hcounts || !x->cpin || !x->cev || !x->cpending || !x->ep_all || !x->view || !x->upd_ev || !x->stack_of ||
+      !x->comm_done || !x->comm_pending) {
     snprintf(err, errlen, "out of host memory");
     gpu_exec_free(x);
     return NULL;
@@ -1145,6 +1154,7 @@ void gpu_exec_free(gpu_exec *x) {
   free(x->ep_all);
   free(x->view);
   free(x->stack_of);
+  free(x->upd_ev);
   gpu_free(x->rt->g, x->tokens);
   gpu_free(x->rt->g, x->labels);
   free(x->param_index);

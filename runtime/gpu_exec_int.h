@@ -56,9 +56,13 @@ typedef struct {
 /* AdamW beside the next forward (gpu_exec_update.c): a step's update runs on its own stream,
  * each launch followed by an event; the next forward's first reader of a parameter waits for
  * the event after that parameter's launch, so the update of later layers overlaps the forward
- * of earlier ones. The pool blocks the update reads (the gradients, the norm: all released
- * from its first launch to the run's end) are held out of the pool until the main stream is
- * ordered after the whole update. */
+ * of earlier ones. The pool blocks the update reads (the gradients, the norm) are held out of
+ * the pool until the main stream has waited for the event after their last reader. */
+typedef struct {
+  gpu_ptr p;
+  int ev; /* back to the pool once the main stream waited for ev[ev] */
+} held_block;
+
 typedef struct {
   int mode;        /* MOEC_ADAMW_OVERLAP: 0 off, 1 the default priority, 2 high, 3 low; -1 unread */
   void *stream;    /* the update's stream, made on first use */
@@ -67,11 +71,14 @@ typedef struct {
   int n_ev, cap_ev;
   int waited;      /* the main stream waited for ev[0 .. waited) */
   int *param_ev;   /* (ps->n) the event after parameter i's update, -1: none in flight */
-  gpu_ptr *held;   /* (cap_held) pool blocks kept from the pool while the update may read them */
+  held_block *held; /* (cap_held) */
   int n_held, cap_held;
-  int holding;     /* 1 from the update's first launch to the end of its run */
+  int open;        /* a run's update is being queued (from its first launch to the run's end) */
   int swapped;     /* the update's stream is the context's (between update_begin and update_end) */
   void *main;      /* the main stream while swapped */
+  gpu_ptr delay;   /* MOEC_ADAMW_DELAY's scratch (tests) */
+  size_t delay_bytes;
+  int delay_reps;
 } dev_update;
 
 struct gpu_runtime {
@@ -90,9 +97,12 @@ struct gpu_runtime {
   char device[320];
 };
 
-/* The pool, through the update's hold (gpu_exec_update.c). */
+/* The pool (gpu_exec_update.c): pool_get gives the held blocks back (the main stream waiting
+ * for the whole update) before it fails for lack of memory; pool_put_after holds p until the
+ * main stream has waited for the update's event ev (ev < 0: back now, as pool_put). */
 int pool_get(gpu_runtime *rt, size_t bytes, gpu_ptr *p);
-void pool_put(gpu_runtime *rt, gpu_ptr p);
+void pool_put_after(gpu_runtime *rt, gpu_ptr p, int ev);
+static inline void pool_put(gpu_runtime *rt, gpu_ptr p) { pool_put_after(rt, p, -1); }
 
 /* ---- the executor's state, and helpers every exec file uses ---- */
 typedef struct {
@@ -139,6 +149,8 @@ struct gpu_exec {
   int narrow_off;         /* MOEC_NARROW_GEMM=0: the router's f32 GEMMs on cuBLASLt too */
   int adamw_single;       /* MOEC_ADAMW_MULTI=0: one launch per parameter */
   int aw_from, aw_until;  /* this step's AdamW run (aw_from, aw_until] was done by the launch at aw_from */
+  int *upd_ev;            /* (n_nodes) a value the update beside the forward reads: the event after its
+                             last reader (its release holds it until then), -1 otherwise */
   int32_t **hcounts;      /* (n_nodes) host copies of expert-count values, downloaded once per step */
   void **cpin, **cev;     /* (n_nodes) an expert_counts' page-locked copy, queued as it is made, and its event */
   uint8_t *cpending;      /* (n_nodes) 1: that copy is queued this step, not yet read */
@@ -220,6 +232,7 @@ int update_settle(gpu_runtime *rt);
 int update_wait_inputs(gx *x, int id);
 int update_begin(gx *x, int id);
 int update_mark(gx *x, int id, const int *params, int n);
+void update_reads(gx *x, int v, int ev);
 int update_end(gx *x, int id);
 void update_run_end(gpu_runtime *rt);
 void update_free(gpu_runtime *rt);

@@ -264,6 +264,10 @@ static int squares_match(gpu_runtime *rt, const dev_stack *sk, gpu_ptr stk, int 
 int gpu_exec_check_squares(gpu_exec *x, char *err, size_t errlen) {
   gpu_runtime *rt = x->rt;
   int checked = 0;
+  if (update_settle(rt)) { /* the update may still write them */
+    snprintf(err, errlen, "%s", gpu_error(rt->g));
+    return -1;
+  }
   for (int s = 0; s < rt->n_stacks; s++) {
     const dev_stack *sk = &rt->stacks[s];
     if (!sk->squares || !sk->fresh) continue;

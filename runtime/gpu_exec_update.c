@@ -8,14 +8,19 @@
  * launch (update_wait_inputs). The values are those of the serial order -- the same kernels on
  * the same inputs -- because nothing else writes what the update reads (gradients, norm,
  * moments) or reads what it writes (weights, copies, squares) before those waits:
- *   - the gradients and the norm are pool blocks released while the update is queued; they
- *     are held out of the pool (pool_put) until the main stream is ordered after the update;
- *   - every other way to the weights (download, fetch, store, upload, free, an out-of-memory
- *     retry) first settles: the main stream waits for the whole update.
+ *   - the gradients and the norm are pool blocks released while the update may still read
+ *     them; their release holds them out of the pool (pool_put_after) until the main stream
+ *     has waited for the event after their reader, so the forward's first layers reuse the
+ *     gradients of the first layers' parameters and the peak does not grow;
+ *   - every other way to the weights (download, fetch, store, upload, the squares check, the
+ *     runtime's end, an out-of-memory retry) first settles: the main stream waits for the
+ *     whole update.
  * MOEC_ADAMW_OVERLAP=0 turns it off (the update on the main stream, as before); =high / =low
  * give the update's stream the device's greatest or least priority. Off under data or expert
- * parallelism (the collectives have their own stream ordering) and when the executor keeps
- * every value (gpu_exec_keep_all: they go back to the pool at the next run's start, unheld). */
+ * parallelism (the collectives have their own stream ordering), when the executor keeps every
+ * value (gpu_exec_keep_all: released at the next run's start, past the holds) and under
+ * MOEC_PROFILE (its events time one stream). MOEC_ADAMW_DELAY=MiB (tests): the update's stream
+ * first writes that many MiB of scratch, a slow update that a missing wait would race. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -29,53 +34,51 @@ static int overlap_mode(void) {
   return 0; /* "0", or anything else: off */
 }
 
-/* The main stream ordered after every launch of the update in flight. */
-static int wait_all(gpu_runtime *rt) {
+/* The held blocks whose reader the main stream waited for back in the pool: whatever it queues
+ * in them comes after the update's reads. */
+static void unhold_waited(gpu_runtime *rt) {
   dev_update *u = &rt->upd;
-  if (u->waited >= u->n_ev) return 0;
-  if (gpu_stream_wait(rt->g, u->main && u->swapped ? u->main : NULL, u->ev[u->n_ev - 1])) return -1;
-  u->waited = u->n_ev;
+  int k = 0;
+  for (int i = 0; i < u->n_held; i++)
+    if (u->held[i].ev < u->waited) gpu_pool_put(rt->pool, u->held[i].p);
+    else u->held[k++] = u->held[i];
+  u->n_held = k;
+}
+
+/* The main stream ordered after ev[e] (and so every launch before it). */
+static int wait_for(gpu_runtime *rt, int e) {
+  dev_update *u = &rt->upd;
+  if (e < u->waited) return 0;
+  if (gpu_stream_wait(rt->g, u->swapped ? u->main : NULL, u->ev[e])) return -1;
+  u->waited = e + 1;
+  unhold_waited(rt);
   return 0;
 }
 
-/* The held blocks back in the pool: the main stream waited for the update, so whatever it
- * queues in them comes after the update's reads. */
-static void unhold(gpu_runtime *rt) {
-  dev_update *u = &rt->upd;
-  for (int i = 0; i < u->n_held; i++) gpu_pool_put(rt->pool, u->held[i]);
-  u->n_held = 0;
-}
+int update_settle(gpu_runtime *rt) { return wait_for(rt, rt->upd.n_ev - 1); }
 
-int update_settle(gpu_runtime *rt) {
-  if (wait_all(rt)) return -1;
-  if (!rt->upd.holding) unhold(rt);
-  return 0;
-}
-
-void pool_put(gpu_runtime *rt, gpu_ptr p) {
+void pool_put_after(gpu_runtime *rt, gpu_ptr p, int ev) {
   dev_update *u = &rt->upd;
-  if (!u->holding) {
+  if (ev < u->waited) {
     gpu_pool_put(rt->pool, p);
     return;
   }
   if (u->n_held == u->cap_held) {
     int cap = u->cap_held ? 2 * u->cap_held : 256;
-    gpu_ptr *h = realloc(u->held, (size_t)cap * sizeof *h);
-    if (!h) { /* no room to hold it: order the main stream after the update instead */
-      if (wait_all(rt) == 0) gpu_pool_put(rt->pool, p);
+    held_block *h = realloc(u->held, (size_t)cap * sizeof *h);
+    if (!h) { /* no room to hold it: order the main stream after its reader instead */
+      if (wait_for(rt, ev) == 0) gpu_pool_put(rt->pool, p);
       return; /* (else leaked, never reused while the update may read it; the step fails later) */
     }
     u->held = h, u->cap_held = cap;
   }
-  u->held[u->n_held++] = p;
+  u->held[u->n_held++] = (held_block){p, ev};
 }
 
 int pool_get(gpu_runtime *rt, size_t bytes, gpu_ptr *p) {
   if (gpu_pool_get(rt->pool, bytes, p) == 0) return 0;
-  dev_update *u = &rt->upd;
-  if (u->n_held == 0 || wait_all(rt)) return -1;
-  unhold(rt); /* out of memory with blocks held: give the overlap up for this step, try again */
-  return gpu_pool_get(rt->pool, bytes, p);
+  if (rt->upd.n_held == 0 || update_settle(rt)) return -1;
+  return gpu_pool_get(rt->pool, bytes, p); /* out of memory with blocks held: the overlap given up for them */
 }
 
 /* A node that reads a parameter (or its bf16 copy, or the stack or squares made from it) waits
@@ -90,10 +93,21 @@ int update_wait_inputs(gx *x, int id) {
     if (N(v)->op == OP_PARAM && x->param_index[v] >= 0 && u->param_ev[x->param_index[v]] > need)
       need = u->param_ev[x->param_index[v]];
   }
-  if (need < u->waited) return 0;
-  if (gpu_stream_wait(x->rt->g, NULL, u->ev[need])) return fail(x, id, "%s", gpu_error(x->rt->g));
-  u->waited = need + 1;
-  if (u->waited == u->n_ev && !u->holding) unhold(x->rt);
+  return need >= 0 && wait_for(x->rt, need) ? fail(x, id, "%s", gpu_error(x->rt->g)) : 0;
+}
+
+/* MOEC_ADAMW_DELAY's scratch written on the update's stream (swapped in). */
+static int delay(gx *x, int id) {
+  dev_update *u = &x->rt->upd;
+  if (!u->delay_bytes) {
+    const char *e = getenv("MOEC_ADAMW_DELAY");
+    const long long mib = e ? atoll(e) : 0;
+    if (mib <= 0) return 0;
+    u->delay_bytes = (size_t)(mib < 512 ? mib : 512) << 20, u->delay_reps = (int)((mib + 511) / 512);
+    if (gpu_alloc(x->rt->g, &u->delay, u->delay_bytes, "MOEC_ADAMW_DELAY's scratch")) return fail(x, id, "%s", gpu_error(x->rt->g));
+  }
+  for (int r = 0; u->delay && r < u->delay_reps; r++)
+    if (gpu_memset8(x->rt->g, u->delay, (unsigned char)r, u->delay_bytes)) return fail(x, id, "%s", gpu_error(x->rt->g));
   return 0;
 }
 
@@ -103,14 +117,14 @@ int update_begin(gx *x, int id) {
   gpu_runtime *rt = x->rt;
   dev_update *u = &rt->upd;
   if (u->mode < 0) u->mode = overlap_mode();
-  if (!u->mode || x->comm || x->keep_all) return 0; /* keep_all: the values are released at the next run's start */
-  if (!u->holding) { /* the step's first run: the last step's update is long done being waited for */
+  if (!u->mode || x->comm || x->keep_all || x->prof) return 0;
+  if (!u->open) { /* the step's first run: whatever the last update still holds goes back */
     if (update_settle(rt)) return fail(x, id, "%s", gpu_error(rt->g));
     u->n_ev = u->waited = 0;
     if (!u->param_ev && !(u->param_ev = malloc((size_t)(rt->ps->n + 1) * sizeof(int))))
       return fail(x, id, "out of host memory");
     for (int i = 0; i < rt->ps->n; i++) u->param_ev[i] = -1;
-    u->holding = 1;
+    u->open = 1;
   }
   if (!u->stream && gpu_stream_new_prio(rt->g, &u->stream, u->mode == 2 ? 1 : u->mode == 3 ? -1 : 0))
     return fail(x, id, "%s", gpu_error(rt->g));
@@ -119,6 +133,10 @@ int update_begin(gx *x, int id) {
     return fail(x, id, "%s", gpu_error(rt->g));
   u->main = gpu_stream_swap(rt->g, u->stream);
   u->swapped = 1;
+  if (delay(x, id)) {
+    update_end(x, id);
+    return -1;
+  }
   return 1;
 }
 
@@ -140,30 +158,40 @@ int update_mark(gx *x, int id, const int *params, int n) {
   return 0;
 }
 
+/* Value v (a gradient, the norm) is read by the launches up to event ev: the root of its view
+ * chain, which owns the memory, is held until then when released. */
+void update_reads(gx *x, int v, int ev) {
+  const int r = gpu_view_root(x->g, x->view, v);
+  if (ev > x->upd_ev[r]) x->upd_ev[r] = ev;
+}
+
 /* After the run of launches: the main stream is the context's again. */
 int update_end(gx *x, int id) {
   dev_update *u = &x->rt->upd;
+  (void)id;
   if (!u->swapped) return 0;
   gpu_stream_swap(x->rt->g, u->main);
   u->swapped = 0, u->main = NULL;
-  (void)id;
   return 0;
 }
 
 int gpu_runtime_update_launches(const gpu_runtime *rt) { return rt->upd.n_ev; }
 
-/* The run is over: what it releases from now on is not read by its update. */
-void update_run_end(gpu_runtime *rt) { rt->upd.holding = 0; }
+/* The run is over: the next one's first update settles this one's. */
+void update_run_end(gpu_runtime *rt) { rt->upd.open = 0; }
 
 void update_free(gpu_runtime *rt) {
   dev_update *u = &rt->upd;
   if (u->swapped) gpu_stream_swap(rt->g, u->main), u->swapped = 0;
-  wait_all(rt);
-  unhold(rt);
-  if (u->stream) gpu_sync(rt->g), gpu_stream_free(rt->g, u->stream);
+  if (u->stream) gpu_stream_sync(rt->g, u->stream); /* every launch, an event after it or not (a failed run) */
+  u->waited = u->n_ev;
+  unhold_waited(rt);
+  for (int i = 0; i < u->n_held; i++) gpu_pool_put(rt->pool, u->held[i].p);
+  if (u->stream) gpu_stream_free(rt->g, u->stream);
   for (int i = 0; i < u->cap_ev; i++)
     if (u->ev[i]) gpu_event_free(rt->g, u->ev[i]);
   if (u->start) gpu_event_free(rt->g, u->start);
+  gpu_free(rt->g, u->delay);
   free(u->ev), free(u->param_ev), free(u->held);
   memset(u, 0, sizeof *u);
 }

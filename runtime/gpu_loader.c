@@ -656,6 +656,11 @@ int gpu_stream_new_prio(gpu_ctx *g, void **stream, int priority) {
   return 0;
 }
 
+int gpu_stream_sync(gpu_ctx *g, void *stream) {
+  CALL(g, cu.StreamSynchronize(stream ? stream : g->stream), "cuStreamSynchronize (a second stream)");
+  return 0;
+}
+
 void *gpu_stream_swap(gpu_ctx *g, void *stream) {
   void *was = g->stream;
   g->stream = stream;

@@ -156,6 +156,8 @@ int gpu_stream_new_prio(gpu_ctx *g, void **stream, int priority);
 /* Makes `stream` g's own (the one every queued call above uses) and returns the one it was:
  * a run of launches put on a second stream, the first swapped back after it. */
 void *gpu_stream_swap(gpu_ctx *g, void *stream);
+/* The host waits for `stream` (NULL: g's own). */
+int gpu_stream_sync(gpu_ctx *g, void *stream);
 void gpu_stream_free(gpu_ctx *g, void *stream);
 int gpu_event_record_on(gpu_ctx *g, void *ev, void *stream);
 int gpu_stream_wait(gpu_ctx *g, void *stream, void *ev);

@@ -404,7 +404,9 @@ static int train_rank(rank_ctx *r) {
           (long long)cfg->steps);
   double t0 = now_s(), loss = NAN, val = NAN;
   int64_t first = ps->step;
-  size_t held_between = 0; /* device bytes in use after a step: weights, moments, bf16 copies, batch */
+  /* device bytes in use after a step: weights, moments, bf16 copies, batch, and the gradients the
+     update beside the next forward still reads (gpu_exec_update.c) */
+  size_t held_between = 0;
   /* steps past the first two (kernel compiles, cuBLASLt's heuristics): their time, and where the
      host's went (gpu_host_stats) */
   double timed_s = 0;

@@ -178,7 +178,7 @@ static int compare(const char *path, const moec_set *sets, int n_sets, int fused
 }
 
 /* One deterministic run (MOEC_DETERMINISTIC: no cuDNN attention, no GEMM tuning) of STEPS
- * steps of the mxfp8 pipeline on a fresh runtime with rt_params_new's weights, `env`=on: its
+ * steps of the mxfp8 pipeline on a fresh runtime with rt_params_new's weights, `env`=on (NULL: 0): its
  * losses, gradient norms, the views of kind `view` its graph has, the launches of its last
  * AdamW queued beside the next forward, and its weights and moments (*out, downloaded at the
  * end). Returns the number of failures. */
@@ -190,12 +190,12 @@ typedef struct {
   rt_params *ps;
 } exact_run;
 
-static int run_exact(const char *path, const moec_set *sets, int n_sets, const char *env, int on, int view,
+static int run_exact(const char *path, const moec_set *sets, int n_sets, const char *env, const char *on, int view,
                      const char *what, exact_run *out) {
   char err[2048];
   int failed = 0;
   setenv("MOEC_DETERMINISTIC", "1", 1);
-  setenv(env, on ? "1" : "0", 1);
+  setenv(env, on ? on : "0", 1);
   ir_graph *g = load(path, sets, n_sets, 2);
   data_opts dopt = {g ? g->cfg.seq : 1, 0, 0.01, 0, 0, 1};
   data_set *d = g ? data_open("data/chr20_slice.fa.gz", &dopt, err, sizeof err) : NULL;
@@ -266,8 +266,8 @@ static int view_exact(const char *path, const moec_set *sets, int n_sets, const 
   if (only && !strstr(path, only)) return 0;
   exact_run r[2];
   memset(r, 0, sizeof r);
-  int failed = run_exact(path, sets, n_sets, env, 1, view, what, &r[1]);
-  if (!failed) failed = run_exact(path, sets, n_sets, env, 0, view, what, &r[0]);
+  int failed = run_exact(path, sets, n_sets, env, "1", view, what, &r[1]);
+  if (!failed) failed = run_exact(path, sets, n_sets, env, NULL, view, what, &r[0]);
   if (!failed && (r[1].views == 0 || r[0].views != 0)) {
     fprintf(stderr, "%s: %d %s views by default (want some), %d with %s=0 (want 0)\n", path, r[1].views, what, r[0].views, env);
     failed = 1;
@@ -279,24 +279,31 @@ static int view_exact(const char *path, const moec_set *sets, int n_sets, const 
   return failed;
 }
 
-/* AdamW beside the next forward (MOEC_ADAMW_OVERLAP, on by default): deterministic runs with it
- * and without give the same losses, gradient norms, weights and moments, bit for bit, and the
- * first one queued its update in more than one launch (the next forward waited per parameter). */
-static int overlap_exact(const char *path, const moec_set *sets, int n_sets) {
+/* AdamW beside the next forward (MOEC_ADAMW_OVERLAP=mode; 1, the default, or high or low):
+ * deterministic runs with it and without give the same losses, gradient norms, weights and
+ * moments, bit for bit, and the first one queued its update in more than one launch. Its
+ * update is slowed (MOEC_ADAMW_DELAY: 4 GiB of writes first on its stream, ~1 ms on an H200,
+ * far longer than the host takes to start the next step), so a forward that read a weight
+ * before its update, or reused a gradient's memory the update still reads, would change bits
+ * on a GPU. (The CPU emulator runs every stream in the order queued: there the check is of the
+ * launches and the holds' bookkeeping only.) */
+static int overlap_exact(const char *path, const moec_set *sets, int n_sets, const char *mode) {
   const char *only = getenv("MOEC_GPU_STEP_ONLY"), *env = "MOEC_ADAMW_OVERLAP", *what = "AdamW overlapped";
   if (only && !strstr(path, only)) return 0;
   exact_run r[2];
   memset(r, 0, sizeof r);
-  int failed = run_exact(path, sets, n_sets, env, 1, -1, what, &r[1]);
-  if (!failed) failed = run_exact(path, sets, n_sets, env, 0, -1, what, &r[0]);
+  setenv("MOEC_ADAMW_DELAY", "4096", 1);
+  int failed = run_exact(path, sets, n_sets, env, mode, -1, what, &r[1]);
+  unsetenv("MOEC_ADAMW_DELAY");
+  if (!failed) failed = run_exact(path, sets, n_sets, env, NULL, -1, what, &r[0]);
   if (!failed && (r[1].launches < 2 || r[0].launches != 0)) {
     fprintf(stderr, "%s: the update beside the forward made %d launches (want 2 or more), %d with %s=0 (want 0)\n", path,
             r[1].launches, r[0].launches, env);
     failed = 1;
   }
   if (!failed && !(failed = same_bits(path, what, env, r, 1)))
-    printf("%s: %s (%d launches): %d deterministic steps, losses, grad norms, weights and moments bit for bit those of "
-           "%s=0\n", path, what, r[1].launches, STEPS, env);
+    printf("%s: %s (%s=%s, %d launches, each step's update slowed by 4 GiB of writes): %d deterministic steps, losses, "
+           "grad norms, weights and moments bit for bit those of %s=0\n", path, what, env, mode, r[1].launches, STEPS, env);
   rt_params_free(r[0].ps), rt_params_free(r[1].ps);
   return failed;
 }
@@ -357,9 +364,9 @@ int main(void) {
   failed += view_exact("models/tiny.moe", tiny8t, 3, "MOEC_SPLIT_Q", VIEW_SPLIT_Q, "VIEW_SPLIT_Q");
   /* the update beside the next forward: with the squares (a launch a stack), and with bf16
      moments and copies (chunks of rt_cuda_adamw_multi) */
-  failed += overlap_exact("models/tiny.moe", tiny8t, 3);
+  failed += overlap_exact("models/tiny.moe", tiny8t, 3, "1");
   setenv("MOEC_SQUARES", "0", 1);
-  failed += overlap_exact("models/tiny.moe", tiny8tm, 4);
+  failed += overlap_exact("models/tiny.moe", tiny8tm, 4, "high");
   unsetenv("MOEC_SQUARES");
   if (failed) {
     fprintf(stderr, "test_gpu_step: %d failures\n", failed);
