@@ -49,6 +49,8 @@
 #            kernel of its own, not in the split backward), reusing their peers        [100 / 150 s]
 #   fp8tileao, og2tileao  fp8tile / og2tile with MOEC_ADAMW_OVERLAP=0 (AdamW on the main stream
 #            after the backward, not beside the next forward), reusing their peers      [100 / 150 s]
+#   fp8tilenc  fp8tile with MOEC_COLS_VIEW=0 (attention_bwd's dq | dk | dv copied out by their
+#            slices, not read in place), reusing fp8tile's peer                          [100 s]
 #   fp8tileah, fp8tileal  fp8tile with the update's stream at the device's greatest / least
 #            priority (MOEC_ADAMW_OVERLAP=high / low; default: the default priority)    [100 s each]
 #   gnab     fp8tile's moec run (no peer) with MOEC_GATHER=1 (the default) and =0, twice in turn: tok/s and
@@ -248,6 +250,9 @@ for part in "${parts[@]}"; do
     [ $part = fp8tileah ] && ov=high; [ $part = fp8tileal ] && ov=low
     peer_from "$L/$d" "$L/$part"
     bench LOGDIR=$L/$part PEER_SKIP=1 MOEC_ADAMW_OVERLAP=$ov PRECISION='mxfp8(block=128,weight_tile=128)' MOEC_ARGS=$FUSED_MX timeout 200 bash bench/run_bench.sh $m ;;
+  fp8tilenc)
+    peer_from "$L/fp8tile" "$L/$part"
+    bench LOGDIR=$L/$part PEER_SKIP=1 MOEC_COLS_VIEW=0 PRECISION='mxfp8(block=128,weight_tile=128)' MOEC_ARGS=$FUSED_MX timeout 150 bash bench/run_bench.sh genos_1b ;;
   fp8tileng)
     peer_from "$L/fp8tile" "$L/$part"
     bench LOGDIR=$L/$part PEER_SKIP=1 MOEC_GATHER=0 PRECISION='mxfp8(block=128,weight_tile=128)' MOEC_ARGS=$FUSED_MX timeout 150 bash bench/run_bench.sh genos_1b ;;

@@ -278,7 +278,8 @@ static int gemm(gx *x, int id, int64_t m, int64_t n, int64_t k, int a, int ta, i
   gpu_mat A = {DT(x, a), x->val[a].p, INCOLS(id, 0), 0, ta};
   gpu_mat B = {DT(x, b), x->val[b].p, COLS(b), 0, tb};
   gpu_mat C = {DT(x, c), x->val[c].p, COLS(c), 0, 0};
-  A.ld = COLS(a);
+  A.ld = x->val[a].ld ? x->val[a].ld : COLS(a); /* a VIEW_COLS slice: its input's row stride */
+  if (x->val[b].ld) B.ld = x->val[b].ld;
   /* f32 of at most CG_NARROW columns (the router's logits and the gate's gradient): one read of
      the wide operand, where cuBLASLt ran SIMT sgemm tiles (0.024 / 0.027 ms a call against
      0.048 / 0.035 at genos_1b's shapes on the H200) */
@@ -383,8 +384,9 @@ static int exec_ROPE(gx *x, int id) {
   int64_t nh = ir_get_int(N(id), "heads", 1), hd = COLS(id) / nh, seq = ir_get_int(N(id), "seq", a->rows);
   double theta = ir_get_float(N(id), "theta", 1e4);
   if (alloc_out(x, id, a->rows, 0)) return -1;
-  int rc = ir_get_int(N(id), "inverse", 0) ? rt_cuda_rope_bwd(KX, DT(x, id), a->p, x->val[id].p, a->rows, nh, hd, seq, theta)
-                                           : rt_cuda_rope_fwd(KX, DT(x, id), a->p, x->val[id].p, a->rows, nh, hd, seq, theta);
+  const int64_t ldx = a->ld ? a->ld : COLS(id); /* a VIEW_COLS slice: its input's row stride */
+  int rc = ir_get_int(N(id), "inverse", 0) ? rt_cuda_rope_bwd(KX, DT(x, id), a->p, ldx, x->val[id].p, a->rows, nh, hd, seq, theta)
+                                           : rt_cuda_rope_fwd(KX, DT(x, id), a->p, ldx, x->val[id].p, a->rows, nh, hd, seq, theta);
   return ck(x, id, rc);
 }
 
@@ -753,6 +755,11 @@ static int exec_SLICE_COLS(gx *x, int id) {
     x->val[id] = (dev_value){.rows = a->rows, .numel = a->rows * COLS(id)};
     return 0;
   }
+  if (x->view[id] == VIEW_COLS && !x->keep_all) { /* its first column, read with a's row stride; not owned */
+    x->val[id] = (dev_value){.p = a->p + (gpu_ptr)(ir_get_int(N(id), "start", 0) * (int64_t)dsize(N(id)->type.dtype)),
+                             .rows = a->rows, .numel = a->rows * COLS(id), .ld = INCOLS(id, 0)};
+    return 0;
+  }
   if (x->view[id] == VIEW_PIECE && !x->keep_all) { /* its piece of the split grouped_mlp_bwd; not owned */
     int G = N(id)->in[0];
     x->val[id] = (dev_value){.p = a->p + (gpu_ptr)gpu_split_offset(a->rows, ir_get_int(N(G), "ffn", 0), ir_get_int(N(id), "start", 0)),
@@ -1113,10 +1120,11 @@ gpu_exec *gpu_exec_new(gpu_runtime *rt, const ir_graph *g, char *err, size_t err
   /* VIEW_GATHER: the FP8 quantizes gather the permuted rows (docs/cuda.md); the default since
      it ran on an H100 (bench/RESULTS.md, 2026-12-06 second session). MOEC_GATHER=0 writes the
      permute out as before. MOEC_SPLIT_Q=0: dg | du's rows quantize as a kernel of its own, not
-     in the split backward (VIEW_SPLIT_Q). */
-  const char *ga = getenv("MOEC_GATHER"), *sq = getenv("MOEC_SPLIT_Q");
-  gpu_views_plan(g, &x->fp8, !x->grouped_device, !(ga && strcmp(ga, "0") == 0), !(sq && strcmp(sq, "0") == 0), x->last_use,
-                 x->view);
+     in the split backward (VIEW_SPLIT_Q). MOEC_COLS_VIEW=0: attention_bwd's dq | dk | dv
+     copied out by their slices (VIEW_COLS). */
+  const char *ga = getenv("MOEC_GATHER"), *sq = getenv("MOEC_SPLIT_Q"), *co = getenv("MOEC_COLS_VIEW");
+  gpu_views_plan(g, &x->fp8, !x->grouped_device, !(ga && strcmp(ga, "0") == 0), !(sq && strcmp(sq, "0") == 0),
+                 !(co && strcmp(co, "0") == 0), x->last_use, x->view);
   if (plan_stacks(x, err, errlen) != 0) {
     gpu_exec_free(x);
     return NULL;

@@ -85,10 +85,12 @@ int rt_cuda_rmsnorm_fwd(rt_cuda *k, cg_dtype tx, cg_dtype tw, gpu_ptr x /* (T, H
 int rt_cuda_rmsnorm_bwd(rt_cuda *k, cg_dtype tx, cg_dtype tw, gpu_ptr x /* (T, H) */, gpu_ptr w /* (H) */,
                         gpu_ptr dy /* (T, H) */, gpu_ptr res /* (T, H) or 0 */, gpu_ptr dx /* (T, H) or 0 */,
                         gpu_ptr dw /* f32 (H) += or 0 */, int64_t T, int64_t H, float eps);
-int rt_cuda_rope_fwd(rt_cuda *k, cg_dtype t, gpu_ptr x /* (T, nh*hd) */, gpu_ptr y, int64_t T, int64_t nh,
-                     int64_t hd, int64_t seq, double theta);
-int rt_cuda_rope_bwd(rt_cuda *k, cg_dtype t, gpu_ptr dy /* (T, nh*hd) */, gpu_ptr dx, int64_t T, int64_t nh,
-                     int64_t hd, int64_t seq, double theta);
+/* x's rows ldx elements apart (>= nh*hd: a column window of a wider value, then not in place);
+ * y (T, nh*hd) dense. */
+int rt_cuda_rope_fwd(rt_cuda *k, cg_dtype t, gpu_ptr x /* (T, nh*hd), row stride ldx */, int64_t ldx, gpu_ptr y,
+                     int64_t T, int64_t nh, int64_t hd, int64_t seq, double theta);
+int rt_cuda_rope_bwd(rt_cuda *k, cg_dtype t, gpu_ptr dy /* (T, nh*hd), row stride ldx */, int64_t ldx, gpu_ptr dx,
+                     int64_t T, int64_t nh, int64_t hd, int64_t seq, double theta);
 int rt_cuda_softmax_rows(rt_cuda *k, gpu_ptr x /* f32 (T, E) */, gpu_ptr y, int64_t T, int64_t E);
 int rt_cuda_logsumexp_rows(rt_cuda *k, gpu_ptr x /* f32 (T, E) */, gpu_ptr lse /* f64 (T) */, int64_t T, int64_t E);
 

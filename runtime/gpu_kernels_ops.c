@@ -144,10 +144,13 @@ int rt_cuda_rmsnorm_bwd(rt_cuda *k, cg_dtype tx, cg_dtype tw, gpu_ptr x, gpu_ptr
                     ARGS(&x, &w, &dy, &res, &dx, &T, &H, &eps));
 }
 
-static int rope(rt_cuda *k, cg_dtype t, gpu_ptr x, gpu_ptr y, int64_t T, int64_t nh, int64_t hd, int64_t seq,
+static int rope(rt_cuda *k, cg_dtype t, gpu_ptr x, int64_t ldx, gpu_ptr y, int64_t T, int64_t nh, int64_t hd, int64_t seq,
                 double theta, float sign) {
   if (hd < 0 || hd % 2 != 0 || seq < 1 || nh < 0 || T < 0)
     return rtk_fail(k, "rope: head dim %lld must be even and seq %lld >= 1 (%s)", (long long)hd, (long long)seq, ck_strerror(CK_ESHAPE));
+  if (ldx < nh * hd || (ldx != nh * hd && x == y))
+    return rtk_fail(k, "rope: row stride %lld under the row's %lld elements, or strided and in place (%s)", (long long)ldx,
+                    (long long)(nh * hd), ck_strerror(CK_ESHAPE));
   int64_t half = hd / 2, P = T < seq ? T : seq;
   if (half == 0 || P == 0) {
     if (x != y && gpu_copy(k->g, y, x, (size_t)(T * nh * hd) * dt_size(t)) != 0) return rtk_fail(k, "%s", gpu_error(k->g));
@@ -177,19 +180,19 @@ static int rope(rt_cuda *k, cg_dtype t, gpu_ptr x, gpu_ptr y, int64_t T, int64_t
   }
   KN("rope", 1, t);
   /* 8 pairs a thread where the kernel takes its 16-byte path (cg_rope.c); its loop covers any grid */
-  const int vec = half % 8 == 0 && x % 16 == 0 && y % 16 == 0;
+  const int vec = half % 8 == 0 && x % 16 == 0 && y % 16 == 0 && (ldx * (int64_t)dt_size(t)) % 16 == 0;
   return rtk_launch(k, CG_FAM_ROPE, NULL, name, rtk_blocks(T * nh * half / (vec ? 8 : 1), CG_NT_EW), 1, CG_NT_EW,
-                    ARGS(&x, &y, &k->rope.cs, &T, &nh, &hd, &seq, &sign));
+                    ARGS(&x, &ldx, &y, &k->rope.cs, &T, &nh, &hd, &seq, &sign));
 }
 
-int rt_cuda_rope_fwd(rt_cuda *k, cg_dtype t, gpu_ptr x, gpu_ptr y, int64_t T, int64_t nh, int64_t hd, int64_t seq,
-                     double theta) {
-  return rope(k, t, x, y, T, nh, hd, seq, theta, 1.0f);
+int rt_cuda_rope_fwd(rt_cuda *k, cg_dtype t, gpu_ptr x, int64_t ldx, gpu_ptr y, int64_t T, int64_t nh, int64_t hd,
+                     int64_t seq, double theta) {
+  return rope(k, t, x, ldx, y, T, nh, hd, seq, theta, 1.0f);
 }
 
-int rt_cuda_rope_bwd(rt_cuda *k, cg_dtype t, gpu_ptr dy, gpu_ptr dx, int64_t T, int64_t nh, int64_t hd, int64_t seq,
-                     double theta) {
-  return rope(k, t, dy, dx, T, nh, hd, seq, theta, -1.0f);
+int rt_cuda_rope_bwd(rt_cuda *k, cg_dtype t, gpu_ptr dy, int64_t ldx, gpu_ptr dx, int64_t T, int64_t nh, int64_t hd,
+                     int64_t seq, double theta) {
+  return rope(k, t, dy, ldx, dx, T, nh, hd, seq, theta, -1.0f);
 }
 
 int rt_cuda_softmax_rows(rt_cuda *k, gpu_ptr x, gpu_ptr y, int64_t T, int64_t E) {

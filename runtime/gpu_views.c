@@ -1,4 +1,6 @@
 /* gpu_views.c -- see gpu_views.h. */
+#include <stdlib.h>
+
 #include "gpu_views.h"
 
 static int64_t cols(const ir_node *n) { return n->type.rank >= 2 ? n->type.dims[n->type.rank - 1] : 1; }
@@ -95,7 +97,8 @@ static int stack_of_param_casts(const ir_graph *g, const int *last_use, int s) {
 
 /* The candidates:
  * - slice_cols read only in place (grouped_mlp_bwd's f32 pieces, cast to bf16 for the GEMMs;
- *   grouped_mlp's saved gate_up, quantized);
+ *   grouped_mlp's saved gate_up, quantized), or only by readers that take a row stride
+ *   (attention_bwd's dq | dk | dv: rope and the v projection's GEMMs);
  * - an mxfp8_dequantize that no FP8 site skips, e4m3 -> bf16;
  * - a cast f32 -> bf16 (of grouped_mlp_bwd's pieces) read only by FP8-packing quantizes;
  * - an unstack of an expert's whole rows in the stacked dtype (the down projection's weight
@@ -103,8 +106,9 @@ static int stack_of_param_casts(const ir_graph *g, const int *last_use, int s) {
  * - a stack of parameter casts (the expert weights), and those casts;
  * - a grouped_mlp_bwd read through slices and casts to bf16: its pieces written apart (split),
  *   which replaces its slices' windows and casts (gpu_views.h). */
-void gpu_views_plan(const ir_graph *g, const gpu_fp8_plan *fp8, int blas, int gather, int split_q, int *last_use,
-                    uint8_t *view) {
+void gpu_views_plan(const ir_graph *g, const gpu_fp8_plan *fp8, int blas, int gather, int split_q, int cols_view,
+                    int *last_use, uint8_t *view) {
+  uint8_t *not_cols = calloc((size_t)g->n_nodes + 1, 1); /* a slice with a reader that takes no row stride */
   for (int id = 0; id < g->n_nodes; id++) {
     const ir_node *nd = &g->nodes[id];
     int in0 = nd->n_in ? nd->in[0] : 0;
@@ -131,8 +135,16 @@ void gpu_views_plan(const ir_graph *g, const gpu_fp8_plan *fp8, int blas, int ga
          rows (input 0: grouped_mlp's y) */
       int window_ok = reads_window(g, fp8, id) || (j == 1 && mlp_bwd_on_blas(g, fp8, blas, id)) ||
                       (j == 0 && g->nodes[id].op == OP_EXPERT_UNPERMUTE);
-      if ((view[v] == VIEW_WINDOW && !window_ok) || (view[v] == VIEW_CAST && !reads_cast(g, fp8, id))) view[v] = VIEW_NONE;
+      /* rope (input 0) and matmul take a row stride (VIEW_COLS) */
+      const int op = g->nodes[id].op, cols_ok = (op == OP_ROPE && j == 0) || op == OP_MATMUL;
+      if ((view[v] == VIEW_WINDOW || view[v] == VIEW_COLS) && !cols_ok && not_cols) not_cols[v] = 1;
+      if (view[v] == VIEW_WINDOW && !window_ok) view[v] = VIEW_COLS; /* (decided below) */
+      if (view[v] == VIEW_CAST && !reads_cast(g, fp8, id)) view[v] = VIEW_NONE;
     }
+  for (int id = 0; id < g->n_nodes; id++)
+    if (view[id] == VIEW_COLS && (!cols_view || !not_cols || not_cols[id] || view[g->nodes[id].in[0]] != VIEW_NONE))
+      view[id] = VIEW_NONE;
+  free(not_cols);
   for (int G = 0; G < g->n_nodes; G++) {
     if (!splits(g, fp8, blas, G)) continue;
     view[G] = VIEW_SPLIT;

@@ -21,21 +21,24 @@ typedef enum {
   VIEW_STRIDED = 5, /* an unstack of a column window (a gate or up part of a stacked gradient) read only by
                        adamw and grad_norm: a pointer into its input with the input's row stride */
   VIEW_PIECE = 6,  /* a slice_cols of a split grouped_mlp_bwd: a pointer to its dense piece */
+  VIEW_COLS = 7,   /* a slice_cols (of a value that is no view) read only by readers that take a row
+                      stride (rope, matmul): a pointer to its first column with its input's row stride
+                      (dev_value.ld) -- attention_bwd's dq | dk | dv read in place */
   /* no chains past these: the stacks' storage is the parameters' persistent bf16 copies, and a
      split grouped_mlp_bwd writes its own buffer */
-  VIEW_STACKED = 7,  /* a stack of casts of f32 parameters: the copies, laid out stacked (AdamW writes
+  VIEW_STACKED = 8,  /* a stack of casts of f32 parameters: the copies, laid out stacked (AdamW writes
                         each parameter's copy into its window), so the stack copies nothing */
-  VIEW_IN_STACK = 8, /* such a cast: writes nothing (its parameter's copy is a window of the stack) */
-  VIEW_SPLIT = 9,    /* a grouped_mlp_bwd (f32, (S, W)) read only through slices of its dg | du and act,
+  VIEW_IN_STACK = 9, /* such a cast: writes nothing (its parameter's copy is a window of the stack) */
+  VIEW_SPLIT = 10,   /* a grouped_mlp_bwd (f32, (S, W)) read only through slices of its dg | du and act,
                         each only cast to bf16, and of its dp: writes its pieces apart, in one buffer:
                         dg | du (S, 2F) and act (S, F) in bf16, then dp (S) in f32 (gpu_split_offset);
                         the slices are pieces, their casts aliases. Where the GEMMs are cuBLASLt's only */
-  VIEW_DECODE = 10,  /* an mxfp8_dequantize of a stored quantize (FP8_STORE: the saved gate_up) read only as
+  VIEW_DECODE = 11,  /* an mxfp8_dequantize of a stored quantize (FP8_STORE: the saved gate_up) read only as
                         gate_up by split grouped_mlp_bwd's: writes nothing; they decode the packed E4M3 and
                         E8M0 codes (rt_cuda_mlp_bwd_split_mx), which live until they read them */
-  VIEW_GATHER = 11, /* an expert_permute (no weights) read only by FP8-packing quantizes (the forward's xs,
+  VIEW_GATHER = 12, /* an expert_permute (no weights) read only by FP8-packing quantizes (the forward's xs,
                         the backward's dy): writes nothing; they read its input's rows through its perm */
-  VIEW_SPLIT_Q = 12, /* the packing rows quantize (FP8_ROWS) of a split grouped_mlp_bwd's dg | du (through
+  VIEW_SPLIT_Q = 13, /* the packing rows quantize (FP8_ROWS) of a split grouped_mlp_bwd's dg | du (through
                         its piece and cast): runs nothing, the split writes its E4M3 rows and codes as it
                         writes dg | du (rt_cuda_mlp_bwd_split_mx's dq); one a split, F % 128 == 0 */
   VIEW_KINDS
@@ -52,9 +55,9 @@ static inline int64_t gpu_split_offset(int64_t S, int64_t F, int64_t start) {
  * lives until the chain's readers. fp8: the graph's FP8 plan (all zero: no FP8). blas: the
  * grouped GEMMs run on cuBLASLt (not MOEC_GROUPED_GEMM=device), the only path that splits.
  * gather: make VIEW_GATHER views (else no permute's input or perm lives longer for one).
- * split_q: let splits quantize their dg | du (VIEW_SPLIT_Q). */
-void gpu_views_plan(const ir_graph *g, const gpu_fp8_plan *fp8, int blas, int gather, int split_q, int *last_use,
-                    uint8_t *view);
+ * split_q: let splits quantize their dg | du (VIEW_SPLIT_Q). cols_view: make VIEW_COLS views. */
+void gpu_views_plan(const ir_graph *g, const gpu_fp8_plan *fp8, int blas, int gather, int split_q, int cols_view,
+                    int *last_use, uint8_t *view);
 /* The value a chain of views reads in the end (v itself when v is no view, or a view whose
  * storage is persistent). */
 int gpu_view_root(const ir_graph *g, const uint8_t *view, int v);

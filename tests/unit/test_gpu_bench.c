@@ -73,7 +73,7 @@ int main(void) {
   gpu_ptr a = buf(tf * 2), b = buf(tf * 2), c = buf(tf * 2);
   BENCH("rmsnorm fwd (T,H) bf16", th * 4, rt_cuda_rmsnorm_fwd(K, B, F32, x, w, y, T, H, 1e-5f));
   BENCH("rmsnorm bwd dx+dw (T,H) bf16", th * 2 * 5, rt_cuda_rmsnorm_bwd(K, B, F32, x, w, y, 0, a, dw, T, H, 1e-5f));
-  BENCH("rope fwd q (T,16x64) bf16", th * 4, rt_cuda_rope_fwd(K, B, x, y, T, NH, HD, T, 5e7));
+  BENCH("rope fwd q (T,16x64) bf16", th * 4, rt_cuda_rope_fwd(K, B, x, NH * HD, y, T, NH, HD, T, 5e7));
   BENCH("silu fwd (2T,F) bf16", tf * 4, rt_cuda_silu_fwd(K, B, a, b, tf));
   BENCH("mul fwd (2T,F) bf16", tf * 6, rt_cuda_mul_fwd(K, B, a, b, c, tf));
   BENCH("silu bwd (2T,F) bf16", tf * 6, rt_cuda_silu_bwd(K, B, a, b, c, tf));

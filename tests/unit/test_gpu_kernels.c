@@ -242,16 +242,26 @@ static void test_rope(cg_dtype t, int64_t hd) {
   float *x = rnd(n, -2, 2, t), *y = falloc(n), *got = falloc(n);
   gpu_ptr dx = up_f(x, n, t), dy = dmalloc((size_t)n * 4);
   CHECK(ck_rope_fwd(x, y, T, NH, hd, SEQ, 5e5) == CK_OK, "ck_rope_fwd");
-  RUN(rt_cuda_rope_fwd(K, t, dx, dy, T, NH, hd, SEQ, 5e5));
+  RUN(rt_cuda_rope_fwd(K, t, dx, NH * hd, dy, T, NH, hd, SEQ, 5e5));
   get_f(got, dy, n, t);
   cmp("rope fwd", got, y, n, t, -1, 0);
   CHECK(ck_rope_bwd(x, y, T, NH, hd, SEQ, 5e5) == CK_OK, "ck_rope_bwd");
-  RUN(rt_cuda_rope_bwd(K, t, dx, dx, T, NH, hd, SEQ, 5e5)); /* in place */
+  RUN(rt_cuda_rope_bwd(K, t, dx, NH * hd, dx, T, NH, hd, SEQ, 5e5)); /* in place */
   get_f(got, dx, n, t);
   cmp("rope bwd in place", got, y, n, t, -1, 0);
-  CHECK(rt_cuda_rope_fwd(K, t, dx, dy, T, NH, hd - 1, SEQ, 5e5) != 0, "rope accepted an odd head dim");
+  CHECK(rt_cuda_rope_fwd(K, t, dx, NH * hd, dy, T, NH, hd - 1, SEQ, 5e5) != 0, "rope accepted an odd head dim");
+  /* x a column window of a wider value (attention_bwd's dq | dk | dv: VIEW_COLS): the same values */
+  const int64_t row = NH * hd, W = row + 24, off = 8, es = t == CG_DT_BF16 ? 2 : 4;
+  float *wide = rnd(T * W, -2, 2, t);
+  for (int64_t r = 0; r < T; r++) memcpy(wide + r * W + off, x + r * row, (size_t)row * sizeof(float));
+  gpu_ptr dw = up_f(wide, T * W, t);
+  RUN(rt_cuda_rope_bwd(K, t, dw + (gpu_ptr)(off * es), W, dy, T, NH, hd, SEQ, 5e5));
+  get_f(got, dy, n, t);
+  cmp("rope bwd of a column window (row stride W > nh*hd)", got, y, n, t, -1, 0);
+  CHECK(rt_cuda_rope_bwd(K, t, dw, W, dw, T, NH, hd, SEQ, 5e5) != 0, "rope accepted a strided x in place");
+  CHECK(rt_cuda_rope_bwd(K, t, dw, row - 2, dy, T, NH, hd, SEQ, 5e5) != 0, "rope accepted a row stride under its row");
   expect_flag("rope", CK_OK);
-  free(x), free(y), free(got);
+  free(x), free(y), free(got), free(wide);
   dfree_all();
 }
 

@@ -258,7 +258,7 @@ static int same_bits(const char *path, const char *what, const char *env, const 
 }
 
 /* A view that changes no bit, on by default and off with `env`=0 (VIEW_GATHER: MOEC_GATHER,
- * VIEW_SPLIT_Q: MOEC_SPLIT_Q): deterministic runs with it and without give the same losses and
+ * VIEW_SPLIT_Q: MOEC_SPLIT_Q, VIEW_COLS: MOEC_COLS_VIEW): deterministic runs with it and without give the same losses and
  * gradient norms, and the first one has such views. (compare() checks gradients in step 1 only,
  * which keeps every value and so makes none of these views.) */
 static int view_exact(const char *path, const moec_set *sets, int n_sets, const char *env, int view, const char *what) {
@@ -362,6 +362,8 @@ int main(void) {
      quantizing its dg | du (VIEW_SPLIT_Q), each against its switch off */
   failed += view_exact("models/tiny.moe", tiny8t, 3, "MOEC_GATHER", VIEW_GATHER, "VIEW_GATHER");
   failed += view_exact("models/tiny.moe", tiny8t, 3, "MOEC_SPLIT_Q", VIEW_SPLIT_Q, "VIEW_SPLIT_Q");
+  /* attention_bwd's dq | dk | dv read in place by the inverse ropes and the GEMMs (VIEW_COLS) */
+  failed += view_exact("models/tiny.moe", tiny8t, 3, "MOEC_COLS_VIEW", VIEW_COLS, "VIEW_COLS");
   /* the update beside the next forward: with the squares (a launch a stack), and with bf16
      moments and copies (chunks of rt_cuda_adamw_multi) */
   failed += overlap_exact("models/tiny.moe", tiny8t, 3, "1");

@@ -27,14 +27,15 @@
 
 /* Counts of each view kind in g's plan (fp8 on or off, cuBLASLt grouped GEMMs or not), after
  * checking its invariants. */
-static void check_plan(const char *precision, int fp8_on, int blas, int gather, int split_q, int counts[VIEW_KINDS]) {
+static void check_plan(const char *precision, int fp8_on, int blas, int gather, int split_q, int cols_view,
+                       int counts[VIEW_KINDS]) {
   ir_graph *g = tiny_step(precision);
   int *last = tiny_last_uses(g, 1), *orig = tiny_last_uses(g, 1);
   gpu_fp8_plan p;
   CHECK(gpu_fp8_plan_new(g, fp8_on, last, &p) == 0, "fp8 plan");
   for (int id = 0; id < g->n_nodes; id++) orig[id] = last[id]; /* as the FP8 plan leaves them */
   uint8_t *view = calloc((size_t)g->n_nodes + 1, 1);
-  gpu_views_plan(g, &p, blas, gather, split_q, last, view);
+  gpu_views_plan(g, &p, blas, gather, split_q, cols_view, last, view);
   /* an expert permute's input and perm live past the permute only for a gather, and then to
      its last quantize exactly */
   for (int id = 0; id < g->n_nodes; id++) {
@@ -105,6 +106,17 @@ static void check_plan(const char *precision, int fp8_on, int blas, int gather, 
         CHECK(view[o] != VIEW_SPLIT_Q || gpu_view_root(g, view, g->nodes[o].in[0]) != G,
               "split %%%d quantizes both %%%d and %%%d", G, o, id);
     }
+    if (view[id] == VIEW_COLS) { /* a slice of a plain value, read only by rope (its x) and matmuls, to its last one */
+      CHECK(cols_view && n->op == OP_SLICE_COLS && view[n->in[0]] == VIEW_NONE,
+            "%%%d (%s) is a column view, but no slice of a plain value", id, ir_ops[n->op].name);
+      for (int r = id + 1; r < g->n_nodes; r++)
+        for (int j = 0; j < g->nodes[r].n_in; j++)
+          if (g->nodes[r].in[j] == id) {
+            CHECK((g->nodes[r].op == OP_ROPE && j == 0) || g->nodes[r].op == OP_MATMUL,
+                  "%%%d (%s) reads the column view %%%d but takes no row stride", r, ir_ops[g->nodes[r].op].name, id);
+            CHECK(last[n->in[0]] >= r, "%%%d reads the column view %%%d, whose input is freed first", r, id);
+          }
+    }
     if (view[id] == VIEW_STACKED)
       for (int j = 0; j < n->n_in; j++)
         CHECK(view[n->in[j]] == VIEW_IN_STACK && g->nodes[g->nodes[n->in[j]].in[0]].op == OP_PARAM,
@@ -124,10 +136,10 @@ static void check_plan(const char *precision, int fp8_on, int blas, int gather, 
   }
   if (!blas) CHECK(!counts[VIEW_SPLIT] && !counts[VIEW_PIECE], "%s: a split without cuBLASLt", precision);
   printf("%-18s fp8 %s blas %d: %d windows, %d aliases, %d cast views, %d slabs, %d strided, %d stacked (%d casts), "
-         "%d split (%d pieces, %d quantized by them), %d decoded, %d gathered\n",
+         "%d split (%d pieces, %d quantized by them), %d decoded, %d gathered, %d column views\n",
          precision, fp8_on ? "on " : "off", blas, counts[VIEW_WINDOW], counts[VIEW_ALIAS], counts[VIEW_CAST], counts[VIEW_SLAB],
          counts[VIEW_STRIDED], counts[VIEW_STACKED], counts[VIEW_IN_STACK], counts[VIEW_SPLIT], counts[VIEW_PIECE],
-         counts[VIEW_SPLIT_Q], counts[VIEW_DECODE], counts[VIEW_GATHER]);
+         counts[VIEW_SPLIT_Q], counts[VIEW_DECODE], counts[VIEW_GATHER], counts[VIEW_COLS]);
   free(view);
   free(last);
   free(orig);
@@ -167,7 +179,7 @@ static void check_shared_cast(void) {
     gpu_fp8_plan p;
     CHECK(gpu_fp8_plan_new(g, 0, last, &p) == 0, "fp8 plan");
     uint8_t *view = calloc((size_t)g->n_nodes + 1, 1);
-    gpu_views_plan(g, &p, 1, 1, 1, last, view);
+    gpu_views_plan(g, &p, 1, 1, 1, 1, last, view);
     CHECK(view[st] == (shared ? VIEW_NONE : VIEW_STACKED), "stack with %s cast: view %d", shared ? "a shared" : "private",
           view[st]);
     CHECK(view[cast[0]] == (shared ? VIEW_NONE : VIEW_IN_STACK), "expert 0's cast (%s): view %d",
@@ -184,25 +196,25 @@ int main(void) {
   int c[VIEW_KINDS];
   check_shared_cast();
   /* with the device grouped GEMMs (blas 0): no split, no gate_up window */
-  check_plan("mxfp8(block=128)", 1, 0, 1, 1, c);
+  check_plan("mxfp8(block=128)", 1, 0, 1, 1, 1, c);
   /* the saved gate_up is stored packed (FP8_STORE): its dequantize expands it, no alias */
   CHECK(c[VIEW_WINDOW] > 0 && c[VIEW_ALIAS] == 0 && c[VIEW_CAST] > 0 && c[VIEW_SLAB] > 0,
         "mxfp8(block=128) with FP8: windows, cast views and slabs, no alias");
   /* tiny: 2 layers x (gate_up, down) stacks of 4 experts; 2 x 8 gate/up gradient windows */
   CHECK(c[VIEW_STACKED] == 4 && c[VIEW_IN_STACK] == 4 * 4 + 2 * 4 && c[VIEW_STRIDED] == 2 * 8,
         "mxfp8(block=128): 4 stacked weights of 24 casts, 16 strided gradients");
-  check_plan("mxfp8(block=128)", 0, 0, 1, 1, c);
+  check_plan("mxfp8(block=128)", 0, 0, 1, 1, 1, c);
   CHECK(c[VIEW_CAST] == 0 && c[VIEW_ALIAS] > 0, "without FP8 GEMMs: no cast view, dequantize aliases");
-  check_plan("bf16", 0, 0, 1, 1, c);
+  check_plan("bf16", 0, 0, 1, 1, 1, c);
   CHECK(c[VIEW_CAST] == 0 && c[VIEW_ALIAS] == 0 && c[VIEW_WINDOW] > 0 && c[VIEW_SLAB] > 0 && c[VIEW_STACKED] == 4 &&
             c[VIEW_STRIDED] == 16,
         "bf16: windows, slabs, strided gradients and stacked weights only");
   /* on cuBLASLt (the default): tiny's 2 grouped_mlp_bwd split, 3 pieces each, the casts of
      dg | du and act aliases; in bf16 the saved gate_up's slices are windows */
-  check_plan("bf16", 0, 1, 1, 1, c);
+  check_plan("bf16", 0, 1, 1, 1, 1, c);
   CHECK(c[VIEW_SPLIT] == 2 && c[VIEW_PIECE] == 2 * 3 && c[VIEW_ALIAS] == 2 * 2 && c[VIEW_CAST] == 0 && c[VIEW_WINDOW] >= 2,
         "bf16 on cuBLASLt: 2 splits of 3 pieces, 4 alias casts, gate_up windows");
-  check_plan("mxfp8(block=128)", 1, 1, 1, 1, c);
+  check_plan("mxfp8(block=128)", 1, 1, 1, 1, 1, c);
   CHECK(c[VIEW_SPLIT] == 2 && c[VIEW_PIECE] == 2 * 3 && c[VIEW_CAST] == 0 && c[VIEW_ALIAS] == 2 * 2,
         "mxfp8(block=128) with FP8 on cuBLASLt: the pieces' casts (cast views before) are aliases");
   /* and the stored gate_up of each layer is decoded by its split backward, never expanded */
@@ -213,11 +225,17 @@ int main(void) {
   CHECK(c[VIEW_WINDOW] == 2 + 2, "mxfp8(block=128) with FP8 on cuBLASLt: %d windows, want 4 (gate_up, y)", c[VIEW_WINDOW]);
   /* and each split quantizes its dg | du for the dgrad GEMM itself */
   CHECK(c[VIEW_SPLIT_Q] == 2, "mxfp8(block=128) with FP8 on cuBLASLt: %d rows quantizes made by splits, want 2", c[VIEW_SPLIT_Q]);
-  check_plan("mxfp8(block=128)", 1, 1, 0, 0, c); /* MOEC_GATHER=0 MOEC_SPLIT_Q=0: no such views, no longer lives */
+  /* and each layer's dq, dk and dv (slices of attention_bwd's output) read in place by the
+     inverse ropes and the v projection's GEMMs */
+  CHECK(c[VIEW_COLS] == 2 * 3, "mxfp8(block=128) with FP8 on cuBLASLt: %d column views, want 6 (dq, dk, dv)", c[VIEW_COLS]);
+  check_plan("mxfp8(block=128)", 1, 1, 1, 1, 0, c); /* MOEC_COLS_VIEW=0 */
+  CHECK(c[VIEW_COLS] == 0 && c[VIEW_WINDOW] == 2 + 2, "the column views off: %d, want 0, and the windows as before",
+        c[VIEW_COLS]);
+  check_plan("mxfp8(block=128)", 1, 1, 0, 0, 1, c); /* MOEC_GATHER=0 MOEC_SPLIT_Q=0: no such views, no longer lives */
   CHECK(c[VIEW_GATHER] == 0 && c[VIEW_SPLIT_Q] == 0 && c[VIEW_SPLIT] == 2,
         "the gather and split quantize off: %d gathered permutes, %d quantized by splits, want 0", c[VIEW_GATHER],
         c[VIEW_SPLIT_Q]);
-  check_plan("mxfp8(block=128)", 0, 1, 1, 1, c);
+  check_plan("mxfp8(block=128)", 0, 1, 1, 1, 1, c);
   CHECK(c[VIEW_GATHER] == 0 && c[VIEW_SPLIT_Q] == 0,
         "without FP8 GEMMs (quantizes that write values): %d gathered permutes, %d quantized by splits, want 0",
         c[VIEW_GATHER], c[VIEW_SPLIT_Q]);
