@@ -47,11 +47,12 @@
 #            fp8tilegn ran the gather as the opt-in), reusing fp8tile's peer          [100 s]
 #   fp8tilesq, og2tilesq  fp8tile / og2tile with MOEC_SPLIT_Q=0 (dgate|dup's rows quantize as a
 #            kernel of its own, not in the split backward), reusing their peers        [100 / 150 s]
-#   fp8tileao, og2tileao  fp8tile / og2tile with MOEC_ADAMW_OVERLAP=0 (AdamW on the main stream
-#            after the backward, not beside the next forward), reusing their peers      [100 / 150 s]
+#   fp8tileaw, og2tileaw  fp8tile / og2tile with MOEC_ADAMW_OVERLAP=1 (AdamW beside the next
+#            forward, not on the main stream after the backward: off by default since it gained
+#            nothing on an H100, 2026-12-06), reusing their peers                        [100 / 150 s]
 #   fp8tilenc  fp8tile with MOEC_COLS_VIEW=0 (attention_bwd's dq | dk | dv copied out by their
 #            slices, not read in place), reusing fp8tile's peer                          [100 s]
-#   fp8tileah, fp8tileal  fp8tile with the update's stream at the device's greatest / least
+#   fp8tileah, fp8tileal  fp8tileaw with the update's stream at the device's greatest / least
 #            priority (MOEC_ADAMW_OVERLAP=high / low; default: the default priority)    [100 s each]
 #   gnab     fp8tile's moec run (no peer) with MOEC_GATHER=1 (the default) and =0, twice in turn: tok/s and
 #            step-1 loss of each, for the switch alone when device time is short       [200 s]
@@ -245,8 +246,8 @@ for part in "${parts[@]}"; do
     m=genos_1b d=fp8tile && [ $part = og2tilesq ] && m=og2_8x1b d=og2tile
     peer_from "$L/$d" "$L/$part"
     bench LOGDIR=$L/$part PEER_SKIP=1 MOEC_SPLIT_Q=0 PRECISION='mxfp8(block=128,weight_tile=128)' MOEC_ARGS=$FUSED_MX timeout 200 bash bench/run_bench.sh $m ;;
-  fp8tileao | og2tileao | fp8tileah | fp8tileal)
-    m=genos_1b d=fp8tile ov=0 && [ $part = og2tileao ] && m=og2_8x1b d=og2tile
+  fp8tileaw | og2tileaw | fp8tileah | fp8tileal)
+    m=genos_1b d=fp8tile ov=1 && [ $part = og2tileaw ] && m=og2_8x1b d=og2tile
     [ $part = fp8tileah ] && ov=high; [ $part = fp8tileal ] && ov=low
     peer_from "$L/$d" "$L/$part"
     bench LOGDIR=$L/$part PEER_SKIP=1 MOEC_ADAMW_OVERLAP=$ov PRECISION='mxfp8(block=128,weight_tile=128)' MOEC_ARGS=$FUSED_MX timeout 200 bash bench/run_bench.sh $m ;;

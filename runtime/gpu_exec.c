@@ -972,7 +972,7 @@ static int exec_ADAMW(gx *x, int id) {
   int rc = t && chunk && stack_of && first && params && chunk_node ? 0 : fail(x, id, "out of host memory");
   for (int a = id; rc == 0 && a < end; a++) t[a - id] = adamw_entry(x, a);
   if (rc == 0) rc = squares_plan(x, id, gt, t, nt, stack_of, first);
-  /* Overlapped with the next forward (update_begin: 1), the launches go in graph order, which
+  /* Overlapped with the next forward (update_begin: 1; MOEC_ADAMW_OVERLAP), the launches go in graph order, which
      is the order the forward reads the parameters, each followed by an event: the stacks one
      a launch, the other parameters in 16 chunks or so (about a layer's each, so that the
      forward's first layers wait for little). Else as before: each stack, then the rest in one

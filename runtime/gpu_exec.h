@@ -57,7 +57,7 @@ int gpu_exec_squares(const gpu_exec *x);
  * the rows quantizes the split backwards make (MOEC_SPLIT_Q=0). */
 int gpu_exec_views(const gpu_exec *x, int view);
 /* The launches (each with its event) of the last AdamW update queued beside the next forward
- * (MOEC_ADAMW_OVERLAP, gpu_exec_update.c); 0 when it ran on the main stream. */
+ * (MOEC_ADAMW_OVERLAP=1, gpu_exec_update.c); 0 when it ran on the main stream (the default). */
 int gpu_runtime_update_launches(const gpu_runtime *rt);
 /* For tests: each stack kept as squares and fresh compared, byte for byte, with the quantize of
  * its weights as they are now; the number checked, or -1 (err says which differed). Syncs. */

@@ -15,7 +15,7 @@
  *   - every other way to the weights (download, fetch, store, upload, the squares check, the
  *     runtime's end, an out-of-memory retry) first settles: the main stream waits for the
  *     whole update.
- * MOEC_ADAMW_OVERLAP=0 turns it off (the update on the main stream, as before); =high / =low
+ * MOEC_ADAMW_OVERLAP=1 turns it on (off by default: overlap_mode says why); =high / =low also
  * give the update's stream the device's greatest or least priority. Off under data or expert
  * parallelism (the collectives have their own stream ordering), when the executor keeps every
  * value (gpu_exec_keep_all: released at the next run's start, past the holds) and under
@@ -26,9 +26,14 @@
 
 #include "gpu_exec_int.h"
 
+/* Off unless asked for: on an H100 the genos_1b mxfp8 step ran no faster with it (70.8 ms
+ * against 70.1; bench/RESULTS.md, 2026-12-06 third session) -- the step keeps every SM busy, and
+ * cuBLASLt's FP8 GEMMs leave no room on an SM for the update's blocks -- while it holds the
+ * gradients 2.3 GB longer. */
 static int overlap_mode(void) {
   const char *e = getenv("MOEC_ADAMW_OVERLAP");
-  if (!e || !*e || strcmp(e, "1") == 0) return 1;
+  if (!e) return 0;
+  if (strcmp(e, "1") == 0) return 1;
   if (strcmp(e, "high") == 0) return 2;
   if (strcmp(e, "low") == 0) return 3;
   return 0; /* "0", or anything else: off */

@@ -279,7 +279,7 @@ static int view_exact(const char *path, const moec_set *sets, int n_sets, const 
   return failed;
 }
 
-/* AdamW beside the next forward (MOEC_ADAMW_OVERLAP=mode; 1, the default, or high or low):
+/* AdamW beside the next forward (MOEC_ADAMW_OVERLAP=mode: 1, high or low; off by default):
  * deterministic runs with it and without give the same losses, gradient norms, weights and
  * moments, bit for bit, and the first one queued its update in more than one launch. Its
  * update is slowed (MOEC_ADAMW_DELAY: 4 GiB of writes first on its stream, ~1 ms on an H200,
