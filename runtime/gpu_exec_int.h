@@ -67,6 +67,7 @@ typedef struct {
   int mode;        /* MOEC_ADAMW_OVERLAP: 0 off, 1 the default priority, 2 high, 3 low; -1 unread */
   void *stream;    /* the update's stream, made on first use */
   void *start;     /* recorded on the main stream before a run of launches: the gradients are done */
+  void *tail;      /* recorded on the update's stream when the main stream settles (update_settle) */
   void **ev;       /* (cap_ev) after each launch of the update in flight */
   int n_ev, cap_ev;
   int waited;      /* the main stream waited for ev[0 .. waited) */

@@ -60,7 +60,18 @@ static int wait_for(gpu_runtime *rt, int e) {
   return 0;
 }
 
-int update_settle(gpu_runtime *rt) { return wait_for(rt, rt->upd.n_ev - 1); }
+/* The main stream ordered after everything queued on the update's stream, marked or not (a
+ * run that failed between a launch and its event), and every held block back in the pool. */
+int update_settle(gpu_runtime *rt) {
+  dev_update *u = &rt->upd;
+  if (!u->stream) return 0; /* the overlap never ran */
+  if (!u->tail && gpu_event_new(rt->g, &u->tail)) return -1;
+  if (gpu_event_record_on(rt->g, u->tail, u->stream) || gpu_stream_wait(rt->g, u->swapped ? u->main : NULL, u->tail))
+    return -1;
+  u->waited = u->n_ev;
+  unhold_waited(rt);
+  return 0;
+}
 
 void pool_put_after(gpu_runtime *rt, gpu_ptr p, int ev) {
   dev_update *u = &rt->upd;
@@ -122,7 +133,8 @@ int update_begin(gx *x, int id) {
   gpu_runtime *rt = x->rt;
   dev_update *u = &rt->upd;
   if (u->mode < 0) u->mode = overlap_mode();
-  if (!u->mode || x->comm || x->keep_all || x->prof) return 0;
+  if (!u->mode || x->comm || x->keep_all || x->prof) /* on the main stream, after any update in flight */
+    return update_settle(rt) ? fail(x, id, "%s", gpu_error(rt->g)) : 0;
   if (!u->open) { /* the step's first run: whatever the last update still holds goes back */
     if (update_settle(rt)) return fail(x, id, "%s", gpu_error(rt->g));
     u->n_ev = u->waited = 0;
@@ -196,6 +208,7 @@ void update_free(gpu_runtime *rt) {
   for (int i = 0; i < u->cap_ev; i++)
     if (u->ev[i]) gpu_event_free(rt->g, u->ev[i]);
   if (u->start) gpu_event_free(rt->g, u->start);
+  if (u->tail) gpu_event_free(rt->g, u->tail);
   gpu_free(rt->g, u->delay);
   free(u->ev), free(u->param_ev), free(u->held);
   memset(u, 0, sizeof *u);

@@ -141,10 +141,6 @@ void gpu_views_plan(const ir_graph *g, const gpu_fp8_plan *fp8, int blas, int ga
       if (view[v] == VIEW_WINDOW && !window_ok) view[v] = VIEW_COLS; /* (decided below) */
       if (view[v] == VIEW_CAST && !reads_cast(g, fp8, id)) view[v] = VIEW_NONE;
     }
-  for (int id = 0; id < g->n_nodes; id++)
-    if (view[id] == VIEW_COLS && (!cols_view || !not_cols || not_cols[id] || view[g->nodes[id].in[0]] != VIEW_NONE))
-      view[id] = VIEW_NONE;
-  free(not_cols);
   for (int G = 0; G < g->n_nodes; G++) {
     if (!splits(g, fp8, blas, G)) continue;
     view[G] = VIEW_SPLIT;
@@ -156,6 +152,16 @@ void gpu_views_plan(const ir_graph *g, const gpu_fp8_plan *fp8, int blas, int ga
         if (g->nodes[c].n_in && g->nodes[c].in[0] == s) view[c] = VIEW_ALIAS; /* a cast to bf16 (splits) */
     }
   }
+  /* a column view reads a plain value (the splits above decided theirs), at a 16-byte aligned
+     first column and row stride (cuBLASLt's operands, rope's 16-byte loads) */
+  for (int id = 0; id < g->n_nodes; id++) {
+    if (view[id] != VIEW_COLS) continue;
+    const int64_t es = stored_bf16(g->nodes[id].type.dtype) ? 2 : 4, in = g->nodes[id].in[0];
+    if (!cols_view || !not_cols || not_cols[id] || view[in] != VIEW_NONE || ir_get_int(&g->nodes[id], "start", 0) * es % 16 ||
+        cols(&g->nodes[in]) * es % 16)
+      view[id] = VIEW_NONE;
+  }
+  free(not_cols);
   /* a split's dg | du quantized for its dgrad GEMM by the split itself: the first rows quantize
      that packs only, in blocks dividing the 128 that the kernel's half-warps cover */
   for (int G = 0; split_q && G < g->n_nodes; G++) {

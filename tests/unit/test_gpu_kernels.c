@@ -258,6 +258,15 @@ static void test_rope(cg_dtype t, int64_t hd) {
   RUN(rt_cuda_rope_bwd(K, t, dw + (gpu_ptr)(off * es), W, dy, T, NH, hd, SEQ, 5e5));
   get_f(got, dy, n, t);
   cmp("rope bwd of a column window (row stride W > nh*hd)", got, y, n, t, -1, 0);
+  /* ... at an odd column and row stride (no 16-byte loads): the pair-at-a-time path, the same values */
+  const int64_t W1 = row + 3, off1 = 1;
+  float *wide1 = rnd(T * W1, -2, 2, t);
+  for (int64_t r = 0; r < T; r++) memcpy(wide1 + r * W1 + off1, x + r * row, (size_t)row * sizeof(float));
+  gpu_ptr dw1 = up_f(wide1, T * W1, t);
+  RUN(rt_cuda_rope_bwd(K, t, dw1 + (gpu_ptr)(off1 * es), W1, dy, T, NH, hd, SEQ, 5e5));
+  get_f(got, dy, n, t);
+  cmp("rope bwd of an unaligned column window", got, y, n, t, -1, 0);
+  free(wide1);
   CHECK(rt_cuda_rope_bwd(K, t, dw, W, dw, T, NH, hd, SEQ, 5e5) != 0, "rope accepted a strided x in place");
   CHECK(rt_cuda_rope_bwd(K, t, dw, row - 2, dy, T, NH, hd, SEQ, 5e5) != 0, "rope accepted a row stride under its row");
   expect_flag("rope", CK_OK);
