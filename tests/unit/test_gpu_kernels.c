@@ -235,6 +235,22 @@ static void test_rmsnorm(cg_dtype tx, cg_dtype tw) {
   dfree_all();
 }
 
+/* rope_bwd of x (T, NH*hd) placed at column off of a wider random (T, W) buffer, read in place
+ * with row stride W, compared bit for bit with y (ck_rope_bwd of x); dy receives it. Returns the
+ * wide buffer on the device. */
+static gpu_ptr rope_window(cg_dtype t, const float *x, const float *y, float *got, gpu_ptr dy, int64_t hd, int64_t W,
+                           int64_t off, const char *what) {
+  const int64_t row = NH * hd, n = (int64_t)T * row, es = t == CG_DT_BF16 ? 2 : 4;
+  float *wide = rnd(T * W, -2, 2, t);
+  for (int64_t r = 0; r < T; r++) memcpy(wide + r * W + off, x + r * row, (size_t)row * sizeof(float));
+  gpu_ptr dw = up_f(wide, T * W, t);
+  RUN(rt_cuda_rope_bwd(K, t, dw + (gpu_ptr)(off * es), W, dy, T, NH, hd, SEQ, 5e5));
+  get_f(got, dy, n, t);
+  cmp(what, got, y, n, t, -1, 0);
+  free(wide);
+  return dw;
+}
+
 /* hd 64: the 16-byte path (8 pairs a thread); hd 12 (half 6): the pair-at-a-time one. */
 static void test_rope(cg_dtype t, int64_t hd) {
   printf("rope [%s] (theta 5e5, seq %d over %d rows, head dim %lld):\n", cg_dtype_name(t), SEQ, T, (long long)hd);
@@ -250,27 +266,15 @@ static void test_rope(cg_dtype t, int64_t hd) {
   get_f(got, dx, n, t);
   cmp("rope bwd in place", got, y, n, t, -1, 0);
   CHECK(rt_cuda_rope_fwd(K, t, dx, NH * hd, dy, T, NH, hd - 1, SEQ, 5e5) != 0, "rope accepted an odd head dim");
-  /* x a column window of a wider value (attention_bwd's dq | dk | dv: VIEW_COLS): the same values */
-  const int64_t row = NH * hd, W = row + 24, off = 8, es = t == CG_DT_BF16 ? 2 : 4;
-  float *wide = rnd(T * W, -2, 2, t);
-  for (int64_t r = 0; r < T; r++) memcpy(wide + r * W + off, x + r * row, (size_t)row * sizeof(float));
-  gpu_ptr dw = up_f(wide, T * W, t);
-  RUN(rt_cuda_rope_bwd(K, t, dw + (gpu_ptr)(off * es), W, dy, T, NH, hd, SEQ, 5e5));
-  get_f(got, dy, n, t);
-  cmp("rope bwd of a column window (row stride W > nh*hd)", got, y, n, t, -1, 0);
-  /* ... at an odd column and row stride (no 16-byte loads): the pair-at-a-time path, the same values */
-  const int64_t W1 = row + 3, off1 = 1;
-  float *wide1 = rnd(T * W1, -2, 2, t);
-  for (int64_t r = 0; r < T; r++) memcpy(wide1 + r * W1 + off1, x + r * row, (size_t)row * sizeof(float));
-  gpu_ptr dw1 = up_f(wide1, T * W1, t);
-  RUN(rt_cuda_rope_bwd(K, t, dw1 + (gpu_ptr)(off1 * es), W1, dy, T, NH, hd, SEQ, 5e5));
-  get_f(got, dy, n, t);
-  cmp("rope bwd of an unaligned column window", got, y, n, t, -1, 0);
-  free(wide1);
+  /* x a column window of a wider value (attention_bwd's dq | dk | dv: VIEW_COLS): the same
+     values, aligned (16-byte loads) and at an odd column and row stride (pair at a time) */
+  const int64_t row = NH * hd, W = row + 24;
+  gpu_ptr dw = rope_window(t, x, y, got, dy, hd, W, 8, "rope bwd of a column window (row stride W > nh*hd)");
+  rope_window(t, x, y, got, dy, hd, row + 3, 1, "rope bwd of an unaligned column window");
   CHECK(rt_cuda_rope_bwd(K, t, dw, W, dw, T, NH, hd, SEQ, 5e5) != 0, "rope accepted a strided x in place");
   CHECK(rt_cuda_rope_bwd(K, t, dw, row - 2, dy, T, NH, hd, SEQ, 5e5) != 0, "rope accepted a row stride under its row");
   expect_flag("rope", CK_OK);
-  free(x), free(y), free(got), free(wide);
+  free(x), free(y), free(got);
   dfree_all();
 }
 
