@@ -70,6 +70,8 @@
 #            copied, gradients unstacked), side by side (reuses the peer of genos or fp8prof) [250 s]
 #   ncuadamw ncukern's sections (below) for adamw_squares (f32 and bf16 moments) in bench_grouped_gemm [150 s]
 #   kbench   bench_grouped_gemm's memory-bound kernel and quantize lines alone (3 repetitions)   [60 s]
+#   kbenchab kbench's lines matching KB_GREP (default adamw) from bench_grouped_gemm_old, a build
+#            from before a kernel change carried beside, then from the new build                [120 s]
 #   ggemm    bench/grouped_gemm.sh: expert GEMMs bf16 / fp8 vs torch._grouped_mm [150 s]
 #   wgmma    test_gpu_wgmma (the device-driven FP8 grouped GEMM against the CPU), then the
 #            grouped-GEMM bench with each of its variants, WGV="0 1" (needs both in the carry) [330 s]
@@ -83,6 +85,7 @@
 #   ncustep  genos_1b mxfp8(block=128, weight_tile=128) fused, step 5 alone under ncu: every
 #            kernel's own time summed by kernel, against the unprofiled step (the GPU's idle share) [200 s]
 #   ncustepmx  the same with mxfp8(block=128)                                                  [200 s]
+#   ncustepog2 ncustep on og2_8x1b                                                            [300 s]
 #   ncukern  ncu's speed-of-light, memory, occupancy, warp-stall and source sections for
 #            mlp_bwd_split and quantize_act in bench_grouped_gemm (genos and og2 shapes)          [120 s]
 # several GPUs (issue 8; each rank a GPU of its own, NCCL; per-GPU batch 1 at seq 8192, so
@@ -300,19 +303,24 @@ for part in "${parts[@]}"; do
     for d in stack stack_off; do peer_from "$L/genos" "$L/$d"; peer_from "$L/fp8prof" "$L/$d"; done
     bench LOGDIR=$L/stack PEER_SKIP=1 PRECISION='mxfp8(block=128)' MOEC_ARGS=$FUSED_MX timeout 120 bash bench/run_bench.sh genos_1b
     bench LOGDIR=$L/stack_off PEER_SKIP=1 PRECISION='mxfp8(block=128)' MOEC_ARGS=$FUSED_MX MOEC_STACK_VIEWS=0 timeout 120 bash bench/run_bench.sh genos_1b ;;
-  ncustep|ncustepmx)
+  ncustep|ncustepmx|ncustepog2)
     prec='mxfp8(block=128,weight_tile=128)'; [ $part = ncustepmx ] && prec='mxfp8(block=128)'
+    model=genos_1b lim=200; [ $part = ncustepog2 ] && model=og2_8x1b lim=300
     NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
-    MOEC_PROFILE_STEP=5 timeout 200 "$NCU" --profile-from-start off --clock-control none --cache-control none \
-      --metrics gpu__time_duration.sum --csv --log-file "$L/$part.csv" "$C/moec" train models/genos_1b.moe --device cuda \
+    MOEC_PROFILE_STEP=5 timeout $lim "$NCU" --profile-from-start off --clock-control none --cache-control none \
+      --metrics gpu__time_duration.sum --csv --log-file "$L/$part.csv" "$C/moec" train models/$model.moe --device cuda \
       --set precision="$prec" --steps 5 --set val_every=0 --val-batches 1 --data data/chr20_slice.fa.gz \
       --log "$L/$part.jsonl" $FUSED_MX >"$L/$part.out" 2>&1; echo "ncu rc $?"
     step_ms=$(grep '"step":4,' "$L/$part.jsonl" | sed 's/.*"tokens_per_s":\([0-9.]*\).*/\1/' | awk '{printf "%.2f", 8192000 / $1}')
-    echo "$prec: step 4 (unprofiled, ncu attached) $step_ms ms"
+    echo "$model $prec: step 4 (unprofiled, ncu attached) $step_ms ms"
     python3 bench/ncu_sum.py "$L/$part.csv" $step_ms ;;
   ncukern) ncu_sections 120 'mlp_bwd_split|mxfp8_quantize_act' 8 ;;
   ncuadamw) ncu_sections 150 'adamw_squares' 4 ;;
   ncuwg) ncu_sections 150 'wg_fp8' 8 ;; # genos_1b gate_up forward, balanced: vec128 scales (4 launches), then squares (4)
+  kbenchab) # the carry's bench_grouped_gemm_old (a build before a kernel change) then the new one, the lines of KB_GREP
+    for b in bench_grouped_gemm_old bench_grouped_gemm; do
+      echo "$b:"; timeout 60 "$C/$b" 3 2>&1 | grep '"kernel"\|"quantize"' | grep -i -- "${KB_GREP:-adamw}"
+    done ;;
   kbench)
     timeout 60 "$C/bench_grouped_gemm" 3 2>&1 | grep '"kernel"\|"quantize"' ;;
   ggemm)
