@@ -42,6 +42,16 @@ static gpu_ptr dcounts[2]; /* i32 (E) of each routing, on the device */
 static int routing_now;
 static char err[1024];
 
+/* MOEC_BENCH_ONLY=a,b,...: run only the sections named (gemm, quantize, mlp, adamw, router);
+   unset: all of them */
+static int section(const char *name) {
+  const char *only = getenv("MOEC_BENCH_ONLY");
+  if (!only || !*only) return 1;
+  for (const char *p = only; (p = strstr(p, name)); p += strlen(name))
+    if ((p == only || p[-1] == ',') && (p[strlen(name)] == ',' || !p[strlen(name)])) return 1;
+  return 0;
+}
+
 static void die(const char *what) {
   fprintf(stderr, "bench_grouped_gemm: %s: %s\n", what, err[0] ? err : gpu_error(G));
   exit(1);
@@ -142,7 +152,7 @@ int main(int argc, char **argv) {
   }
   static const char *const kinds[3] = {"fwd", "dgrad", "wgrad"}, *const dts[5] = {"bf16", "fp8", "fp8_wgmma", "fp8_blk",
                                                                                                      "fp8_wgmma_blk"};
-  for (size_t mi = 0; mi < sizeof models / sizeof models[0]; mi++)
+  for (size_t mi = 0; mi < (section("gemm") ? sizeof models / sizeof models[0] : 0); mi++)
     for (int w = 0; w < 2; w++) { /* gate_up, down */
       int64_t K = w == 0 ? models[mi].hidden : models[mi].ffn, N = w == 0 ? 2 * models[mi].ffn : models[mi].hidden;
       for (int r = 0; r < 2; r++)
@@ -160,7 +170,7 @@ int main(int argc, char **argv) {
           }
     }
   /* the 128-shared quantize of one forward operand (S, K) bf16 -> e4m3 + scales, + the f32 scales */
-  for (size_t mi = 0; mi < sizeof models / sizeof models[0]; mi++) {
+  for (size_t mi = 0; mi < (section("quantize") ? sizeof models / sizeof models[0] : 0); mi++) {
     int64_t K = models[mi].hidden;
     void *e0, *e1;
     gpu_event_new(G, &e0), gpu_event_new(G, &e1);
@@ -191,7 +201,7 @@ int main(int argc, char **argv) {
      gate_up's are (~110-140), so the split takes the pairwise decode the step takes; u.b's bf16
      fill read as codes is 0 and 0x3f, and code 0 sent half the lanes down the per-byte path */
   if (gpu_memset32(G, u.b + (gpu_ptr)S * 2 * maxn, 0x7f7f7f7fu, (size_t)S * 2 * maxn / 32 / 4)) die("fill");
-  for (size_t mi = 0; mi < sizeof models / sizeof models[0]; mi++) {
+  for (size_t mi = 0; mi < (section("mlp") ? sizeof models / sizeof models[0] : 0); mi++) {
     int64_t F = models[mi].ffn, H = models[mi].hidden;
     gpu_ptr out = u.c, act = u.c + 2 * (gpu_ptr)(S * F) * 2, dp = act + (gpu_ptr)(S * F) * 2 + MB;
     /* dgate|dup's MXFP8 rows (S, 2F) and codes: blocks of 32 sharing 128, as mxfp8(block=128)'s */
@@ -228,7 +238,7 @@ int main(int argc, char **argv) {
      AdamW writing both orientations' squares (rt_cuda_adamw_squares), with f32 and bf16 moments.
      Bytes an element: copies 28 + 6 (g bf16 2, w m v read 12 written 12, copy 2; the quantizes read
      the copy twice and write 2), squares 28 (bf16 moments 20). */
-  for (size_t mi = 0; mi < sizeof models / sizeof models[0]; mi++) {
+  for (size_t mi = 0; mi < (section("adamw") ? sizeof models / sizeof models[0] : 0); mi++) {
     const int64_t H = models[mi].hidden, C = 2 * models[mi].ffn, n = H * C, N = E * n;
     rt_cuda_adamw_hp hp = {1e-4, 0.9, 0.95, 1e-8, 0.1, 5, 1.0, 0};
     gpu_ptr w, m, v, gr, wb, q0, q1, b0, b1, cd, tab;
@@ -283,7 +293,7 @@ int main(int argc, char **argv) {
   /* the router's three f32 GEMMs at seq 8192 (T tokens, E experts): the narrow kernels
      (rt_cuda_narrow_gemm, the executor's path) against cuBLASLt (MOEC_NARROW_GEMM=0). Bytes:
      the wide operand (T, H) f32 read or written, plus the narrow one */
-  for (size_t mi = 0; mi < sizeof models / sizeof models[0]; mi++) {
+  for (size_t mi = 0; mi < (section("router") ? sizeof models / sizeof models[0] : 0); mi++) {
     const int64_t T = 8192, H = models[mi].hidden;
     gpu_ptr x, dx, w, lg, dw;
     if (gpu_alloc(G, &x, (size_t)(T * H) * 4, "x") || gpu_alloc(G, &dx, (size_t)(T * H) * 4, "dx") ||

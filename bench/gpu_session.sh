@@ -69,7 +69,8 @@
 #   stack    genos_1b mxfp8(block=128) fused, weights kept stacked and MOEC_STACK_VIEWS=0 (stacks
 #            copied, gradients unstacked), side by side (reuses the peer of genos or fp8prof) [250 s]
 #   ncuadamw ncukern's sections (below) for adamw_squares (f32 and bf16 moments) in bench_grouped_gemm [150 s]
-#   kbench   bench_grouped_gemm's memory-bound kernel and quantize lines alone (3 repetitions)   [60 s]
+#   kbench   bench_grouped_gemm's memory-bound kernel and quantize lines alone (3 repetitions;
+#            MOEC_BENCH_ONLY=gemm,quantize,mlp,adamw,router picks sections)                    [60 s]
 #   kbenchab kbench's lines matching KB_GREP (default adamw) from bench_grouped_gemm_old, a build
 #            from before a kernel change carried beside, then from the new build                [120 s]
 #   ggemm    bench/grouped_gemm.sh: expert GEMMs bf16 / fp8 vs torch._grouped_mm [150 s]
