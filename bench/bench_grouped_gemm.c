@@ -195,7 +195,9 @@ int main(int argc, char **argv) {
      saves). Bytes an element of F: split 12 (dact f32 4, gate|up E4M3 2, dgate|dup bf16 4, act
      bf16 2), act quantize 5 (gate|up bf16 4, E4M3 1); the square quantize 3 an element of the
      weight (bf16 in, E4M3 out); the fused split 14 (dgate|dup E4M3 2 more); the rows quantize 6
-     (dgate|dup bf16 4 in, E4M3 2 out) */
+     (dgate|dup bf16 4 in, E4M3 2 out); the act quantize and the saved gate_up's rows quantize
+     (grouped_mlp's forward) apart 11 (the second reads gate|up again: 4 in, 2 out), from one read
+     of gate|up 7 */
   const gpu_ptr MB = (gpu_ptr)1 << 20;
   /* the split's E8M0 codes (u.b past gate_up's S x 2F E4M3 bytes): 127, scale 1, as a trained
      gate_up's are (~110-140), so the split takes the pairwise decode the step takes; u.b's bf16
@@ -207,9 +209,10 @@ int main(int argc, char **argv) {
     /* dgate|dup's MXFP8 rows (S, 2F) and codes: blocks of 32 sharing 128, as mxfp8(block=128)'s */
     const gpu_ptr dq = u.c + 512 * MB, dsc = u.c + 700 * MB;
     static const char *const names[] = {"mlp_bwd_split (MXFP8 gate_up)", "mxfp8_quantize_act", "mxfp8_quantize_tiles (E, H, 2F)^T",
-                                        "mlp_bwd_split_q (+ dgate|dup rows quantized)", "mxfp8_quantize dgate|dup rows (unfused)"};
-    static const double bytes_per_f[] = {4 + 2 + 2 * 2 + 2, 4 + 1, 0, 4 + 2 + 2 * 2 + 2 + 2, 4 + 2};
-    for (int kn = 0; kn < 5; kn++) {
+                                        "mlp_bwd_split_q (+ dgate|dup rows quantized)", "mxfp8_quantize dgate|dup rows (unfused)",
+                                        "quantize_act, then gate_up's quantize (apart)", "quantize_act_store (both, one read)"};
+    static const double bytes_per_f[] = {4 + 2 + 2 * 2 + 2, 4 + 1, 0, 4 + 2 + 2 * 2 + 2 + 2, 4 + 2, 4 + 1 + 4 + 2, 4 + 1 + 2};
+    for (int kn = 0; kn < 7; kn++) {
       double bytes = kn == 2 ? (double)E * H * 2 * F * 3 : (double)S * F * bytes_per_f[kn];
       for (int r = -1; r < reps; r++) { /* r = -1: warm-up */
         void *e0, *e1;
@@ -221,7 +224,11 @@ int main(int argc, char **argv) {
                  : kn == 1 ? rt_cuda_mxfp8_quantize_act(KR, CG_DT_BF16, u.a, 2 * F, u.sa, S, F, 32, 1, u.c, u.c + 200 * MB)
                  : kn == 2 ? rt_cuda_mxfp8_quantize_tiles(KR, CG_DT_BF16, u.a, 0, E, H, 2 * F, 32, 1, u.c, u.c + 200 * MB,
                                                           u.c + 300 * MB)
-                           : rt_cuda_mxfp8_quantize(KR, CG_DT_BF16, out, S, 2 * F, 32, 1, dq, dsc);
+                 : kn == 4 ? rt_cuda_mxfp8_quantize(KR, CG_DT_BF16, out, S, 2 * F, 32, 1, dq, dsc)
+                 : kn == 5 ? rt_cuda_mxfp8_quantize_act(KR, CG_DT_BF16, u.a, 2 * F, u.sa, S, F, 32, 1, u.c, u.c + 200 * MB) ||
+                                 rt_cuda_mxfp8_quantize(KR, CG_DT_BF16, u.a, S, 2 * F, 32, 1, dq, dsc)
+                           : rt_cuda_mxfp8_quantize_act_store(KR, CG_DT_BF16, u.a, 2 * F, u.sa, S, F, 32, 1, u.c, u.c + 200 * MB,
+                                                              dq, dsc);
         if (rc) die(rt_cuda_error(KR));
         gpu_event_record(G, e1);
         float ms = 0;

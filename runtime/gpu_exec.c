@@ -1110,9 +1110,10 @@ gpu_exec *gpu_exec_new(gpu_runtime *rt, const ir_graph *g, char *err, size_t err
   x->upd_ev = malloc(n * sizeof *x->upd_ev);
   for (size_t i = 0; x->upd_ev && i < n; i++) x->upd_ev[i] = -1;
   x->stack_of = malloc(n * sizeof *x->stack_of);
+  x->store_q = malloc(n * sizeof *x->store_q);
   x->comm_done = calloc(n, sizeof *x->comm_done), x->comm_pending = calloc(n, 1);
   if (!x->hcounts || !x->cpin || !x->cev || !x->cpending || !x->ep_all || !x->view || !x->upd_ev || !x->stack_of ||
-      !x->comm_done || !x->comm_pending) {
+      !x->store_q || !x->comm_done || !x->comm_pending) {
     snprintf(err, errlen, "out of host memory");
     gpu_exec_free(x);
     return NULL;
@@ -1125,6 +1126,7 @@ gpu_exec *gpu_exec_new(gpu_runtime *rt, const ir_graph *g, char *err, size_t err
   const char *ga = getenv("MOEC_GATHER"), *sq = getenv("MOEC_SPLIT_Q"), *co = getenv("MOEC_COLS_VIEW");
   gpu_views_plan(g, &x->fp8, !x->grouped_device, !(ga && strcmp(ga, "0") == 0), !(sq && strcmp(sq, "0") == 0),
                  !(co && strcmp(co, "0") == 0), x->last_use, x->view);
+  plan_gate_up_stores(x);
   if (plan_stacks(x, err, errlen) != 0) {
     gpu_exec_free(x);
     return NULL;
@@ -1140,6 +1142,12 @@ gpu_exec *gpu_exec_new(gpu_runtime *rt, const ir_graph *g, char *err, size_t err
 int gpu_exec_fp8_sites(const gpu_exec *x) {
   int n = 0;
   for (int id = 0; id < x->g->n_nodes; id++) n += x->fp8.site[id];
+  return n;
+}
+
+int gpu_exec_act_stores(const gpu_exec *x) {
+  int n = 0;
+  for (int id = 0; id < x->g->n_nodes; id++) n += x->store_q[id] >= 0;
   return n;
 }
 
@@ -1162,6 +1170,7 @@ void gpu_exec_free(gpu_exec *x) {
   free(x->ep_all);
   free(x->view);
   free(x->stack_of);
+  free(x->store_q);
   free(x->upd_ev);
   gpu_free(x->rt->g, x->tokens);
   gpu_free(x->rt->g, x->labels);

@@ -59,6 +59,9 @@ int gpu_exec_views(const gpu_exec *x, int view);
 /* The launches (each with its event) of the last AdamW update queued beside the next forward
  * (MOEC_ADAMW_OVERLAP=1, gpu_exec_update.c); 0 when it ran on the main stream (the default). */
 int gpu_runtime_update_launches(const gpu_runtime *rt);
+/* How many FP8 grouped_mlps quantize their saved gate_up in their act quantize's kernel
+ * (MOEC_ACT_STORE=0: none). */
+int gpu_exec_act_stores(const gpu_exec *x);
 /* For tests: each stack kept as squares and fresh compared, byte for byte, with the quantize of
  * its weights as they are now; the number checked, or -1 (err says which differed). Syncs. */
 int gpu_exec_check_squares(gpu_exec *x, char *err, size_t errlen);

@@ -226,6 +226,14 @@ static int packed_bufs(gx *x, int id, size_t q8, size_t s8) {
 /* The quantize behind input k of FP8 site id (input k is its dequantize). */
 #define QOF(id, k) (N(N(id)->in[k])->in[0])
 
+/* Is FP8_STORE quantize q's packed form already written this run, by the grouped_mlp whose act
+ * quantize's kernel writes it (plan_gate_up_stores)? */
+static int store_written(gx *x, int q) {
+  for (int G = 0; G < q; G++)
+    if (x->store_q[G] == q) return x->val[q].q8 != 0;
+  return 0;
+}
+
 /* Writes quantize id's packed form (its plan kind) into val[id].q8 / .s8. */
 static int fp8_pack(gx *x, int id) {
   const ir_node *n = N(id);
@@ -249,6 +257,7 @@ static int fp8_pack(gx *x, int id) {
   int64_t ldx = COLS(r);
   t = DT(x, r);
   if (kind == FP8_STORE) { /* (S, K) E4M3 + E8M0 codes, expanded by its dequantizes */
+    if (store_written(x, id)) return 0; /* by its grouped_mlp's act quantize (store_q) */
     int64_t S = a->rows, K = COLS(id);
     if (packed_bufs(x, id, (size_t)(S * K), (size_t)(S * K / block))) return -1;
     return ck(x, id, rt_cuda_mxfp8_quantize_win(KX, t, src, ldx, sx, rb, S, K, block, (int)ir_get_int(n, "share128", 0),
@@ -453,8 +462,25 @@ int exec_GROUPED_MLP(gx *x, int id) {
            sfa_bytes = (size_t)((S + 16 * E) * (F / 128) + 4 * E) * 4;
     int rc = pool_buf(x, id, qa_bytes, &qa) || pool_buf(x, id, ca_bytes, &ca) || pool_buf(x, id, sfa_bytes, &sfa) ? -1 : 0;
     if (rc == 0) rc = fp8_site_gemm(x, id, 0, 1, E, N(id)->in[3], S, 2 * F, H, to, gu, W);
-    /* act = p silu(g) u, rounded to `to`, quantized in the same pass: no act in memory */
-    if (rc == 0) rc = ck(x, id, rt_cuda_mxfp8_quantize_act(KX, to, gu, W, V(id, 4)->p, S, F, mx_block, 1, qa, ca));
+    /* act = p silu(g) u, rounded to `to`, quantized in the same pass: no act in memory; and
+       where the saved gate_up is kept as MXFP8 (store_q), its quantize from the same loads */
+    const int q = x->store_q[id];
+    gpu_ptr qs = 0, ss = 0;
+    if (rc == 0 && q >= 0) { /* (each run starts with every value released: none is held yet) */
+      dev_value *vq = &x->val[q];
+      if (vq->q8) {
+        rc = fail(x, id, "internal error: the saved gate_up's quantize is already written");
+      } else if (pool_buf(x, id, (size_t)(S * 2 * F), &vq->q8) == 0) { /* failures named here, at the grouped_mlp */
+        vq->q8_bytes = (size_t)(S * 2 * F);
+        if (pool_buf(x, id, (size_t)(S * 2 * F / mx_block), &vq->s8) == 0) vq->s8_bytes = (size_t)(S * 2 * F / mx_block);
+        else rc = -1; /* q8 goes back with the value's release */
+      } else {
+        rc = -1;
+      }
+      qs = vq->q8, ss = vq->s8;
+    }
+    if (rc == 0)
+      rc = ck(x, id, rt_cuda_mxfp8_quantize_act_store(KX, to, gu, W, V(id, 4)->p, S, F, mx_block, 1, qa, ca, qs, ss));
     if (rc == 0) rc = ck(x, id, rt_cuda_mxfp8_scales_vec128(KX, ca, S, F, mx_block, counts, E, 0, sfa));
     const dev_value *qd = &x->val[QOF(id, 2)];
     if (rc == 0) rc = fp8_gemm_rows(x, id, N(id)->in[3], E, S, H, F, qa, sfa, qd->q8, qd->s8, qd->sq, to, x->val[id].p, W);
@@ -615,3 +641,26 @@ int exec_MXFP8_DEQUANTIZE(gx *x, int id) {
   return 0;
 }
 
+void plan_gate_up_stores(gx *x) {
+  const ir_graph *g = x->g;
+  const char *env = getenv("MOEC_ACT_STORE");
+  const int on = !(env && strcmp(env, "0") == 0);
+  for (int id = 0; id < g->n_nodes; id++) x->store_q[id] = -1;
+  for (int q = 0; q < g->n_nodes && on; q++) {
+    const ir_node *qn = &g->nodes[q];
+    if (qn->op != OP_MXFP8_QUANTIZE || x->fp8.kind[q] != FP8_STORE || qn->n_in != 1) continue;
+    /* its input: the gate_up window (columns H .. H + 2F) of an FP8 grouped_mlp, not copied */
+    const int s = qn->in[0];
+    const ir_node *sn = &g->nodes[s];
+    if (sn->op != OP_SLICE_COLS || x->view[s] != VIEW_WINDOW) continue;
+    const int G = sn->in[0];
+    const ir_node *gn = &g->nodes[G];
+    if (gn->op != OP_GROUPED_MLP || !x->fp8.site[G] || x->store_q[G] >= 0) continue;
+    const int64_t H = g->nodes[gn->in[0]].type.dims[1], F = ir_get_int(gn, "ffn", 0);
+    /* the act quantize's blocks: mx_block, 128-shared (exec_GROUPED_MLP) */
+    if (ir_get_int(sn, "start", -1) != H || sn->type.dims[1] != 2 * F || sn->type.dtype != gn->type.dtype ||
+        ir_get_int(qn, "block", 32) != ir_get_int(gn, "mx_block", 0) || ir_get_int(qn, "share128", 0) != 1)
+      continue;
+    x->store_q[G] = q;
+  }
+}

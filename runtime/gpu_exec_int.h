@@ -159,6 +159,8 @@ struct gpu_exec {
   gpu_wgmma *wgmma;       /* their kernel: device-driven wgmma (MOEC_FP8_GEMM=wgmma), or NULL: cuBLASLt per expert */
   uint8_t *view;          /* (n_nodes) gpu_view: a value read through its input (gpu_views.h) */
   int *stack_of;          /* (n_nodes) a VIEW_STACKED stack's index in rt->stacks, -1 otherwise */
+  int *store_q;           /* (n_nodes) an FP8 grouped_mlp's saved gate_up quantize, written in its act quantize's
+                             kernel (plan_gate_up_stores); -1 none */
   gpu_comm *comm;         /* data/expert parallelism: this rank's collectives (gpu_exec_set_comm) */
   void **comm_done;       /* (n_nodes) an all_reduce's end on the communication stream (made on first use) */
   uint8_t *comm_pending;  /* (n_nodes) 1: that all_reduce may still run; the stream waits before a reader */
@@ -257,5 +259,8 @@ int exec_GROUPED_MLP(gx *x, int id);
 int exec_GROUPED_MLP_BWD(gx *x, int id);
 int exec_MXFP8_QUANTIZE(gx *x, int id);
 int exec_MXFP8_DEQUANTIZE(gx *x, int id);
+/* store_q: each FP8 grouped_mlp whose gate_up window is quantized for keeping (FP8_STORE) in its
+ * act quantize's block mode; MOEC_ACT_STORE=0 keeps that quantize apart (side-by-side timing). */
+void plan_gate_up_stores(gx *x);
 
 #endif

@@ -144,7 +144,7 @@ static const struct {
     {CG_FAM_OPTIM, "adamw", 2},               {CG_FAM_OPTIM, "adamw_table", 2}, /* gradient, moments */
     {CG_FAM_OPTIM, "sumsq_partial", 1},       {CG_FAM_OPTIM, "sumsq_table", 1},
     {CG_FAM_OPTIM, "grad_norm_final", 0},     {CG_FAM_MXFP8, "mxfp8_quantize", 1},
-    {CG_FAM_MXFP8, "mxfp8_quantize_cols", 1}, {CG_FAM_MXFP8, "mxfp8_quantize_act", 1},
+    {CG_FAM_MXFP8, "mxfp8_quantize_cols", 1}, {CG_FAM_MXFP8, "mxfp8_quantize_act", 1}, {CG_FAM_MXFP8, "mxfp8_quantize_act_store", 1},
     {CG_FAM_MXFP8, "mxfp8_dequantize", 1}, {CG_FAM_MXFP8, "mxfp8_qdq", 2},
     {CG_FAM_MXFP8, "mxfp8_qdq_last", 2},       {CG_FAM_MXFP8, "mxfp8_quantize_cols_experts", 1},
     {CG_FAM_MXFP8, "mxfp8_scales_vec128", 0}, {CG_FAM_MXFP8, "mxfp8_quantize_tiles", 1},

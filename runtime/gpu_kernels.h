@@ -283,6 +283,12 @@ int rt_cuda_mxfp8_quantize_win(rt_cuda *k, cg_dtype t, gpu_ptr x, int64_t ldx, i
  * (act never in memory): the same q and scale bit for bit. */
 int rt_cuda_mxfp8_quantize_act(rt_cuda *k, cg_dtype t, gpu_ptr gu, int64_t ldg, gpu_ptr probs, int64_t S, int64_t F,
                                int64_t block, int share128, gpu_ptr q, gpu_ptr scale);
+/* The same, and gate_up's own quantize (rt_cuda_mxfp8_quantize_win of its (S, 2F) window, the
+ * same block and share128: grouped_mlp's saved gate_up) into qs (S, 2F) and ss (S, 2F / block)
+ * from the same loads: one read of gate_up for both, the same bytes as the two apart. qs, ss 0:
+ * rt_cuda_mxfp8_quantize_act. */
+int rt_cuda_mxfp8_quantize_act_store(rt_cuda *k, cg_dtype t, gpu_ptr gu, int64_t ldg, gpu_ptr probs, int64_t S, int64_t F,
+                                     int64_t block, int share128, gpu_ptr q, gpu_ptr scale, gpu_ptr qs, gpu_ptr ss);
 /* The column-wise copy: quantizes x^T, i.e. qt (cols, rows), scale_t (cols, rows/block). */
 int rt_cuda_mxfp8_quantize_cols(rt_cuda *k, cg_dtype t, gpu_ptr x /* (rows, cols) */, int64_t rows, int64_t cols,
                                 int64_t block, int share128, gpu_ptr qt, gpu_ptr scale_t);

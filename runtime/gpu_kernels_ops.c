@@ -631,15 +631,24 @@ int rt_cuda_mxfp8_quantize_win(rt_cuda *k, cg_dtype t, gpu_ptr x, int64_t ldx, i
 
 int rt_cuda_mxfp8_quantize_act(rt_cuda *k, cg_dtype t, gpu_ptr gu, int64_t ldg, gpu_ptr probs, int64_t S, int64_t F,
                                int64_t block, int share128, gpu_ptr q, gpu_ptr scale) {
+  return rt_cuda_mxfp8_quantize_act_store(k, t, gu, ldg, probs, S, F, block, share128, q, scale, 0, 0);
+}
+
+int rt_cuda_mxfp8_quantize_act_store(rt_cuda *k, cg_dtype t, gpu_ptr gu, int64_t ldg, gpu_ptr probs, int64_t S, int64_t F,
+                                     int64_t block, int share128, gpu_ptr q, gpu_ptr scale, gpu_ptr qs, gpu_ptr ss) {
   if (mx_check(k, "mxfp8_quantize_act", F, block, share128)) return -1;
+  if ((qs == 0) != (ss == 0)) return rtk_fail(k, "mxfp8_quantize_act_store: gate_up's bytes and codes go together, both or neither");
   if (ldg < 2 * F)
     return rtk_fail(k, "mxfp8_quantize_act: gate_up rows %lld apart, narrower than 2F = %lld (%s)", (long long)ldg,
                     (long long)(2 * F), ck_strerror(CK_ESHAPE));
   const cg_variant v = {(int)block, share128 != 0};
   int64_t group = share128 ? 128 : block, tpg = mx_tpg(group), ngroups = S * (F / group);
   char name[64];
-  KN("mxfp8_quantize_act", 1, t);
+  KN(qs ? "mxfp8_quantize_act_store" : "mxfp8_quantize_act", 1, t);
   /* QR_U = 4 chunks (of 8 elements) a thread, as mxfp8_quantize */
+  if (qs)
+    return rtk_launch(k, CG_FAM_MXFP8, &v, name, rtk_blocks(ngroups * tpg, CG_NT_MX * 4), 1, CG_NT_MX,
+                      ARGS(&gu, &ldg, &probs, &F, &q, &scale, &ngroups, &qs, &ss));
   return rtk_launch(k, CG_FAM_MXFP8, &v, name, rtk_blocks(ngroups * tpg, CG_NT_MX * 4), 1, CG_NT_MX,
                     ARGS(&gu, &ldg, &probs, &F, &q, &scale, &ngroups));
 }

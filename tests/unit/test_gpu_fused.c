@@ -358,6 +358,10 @@ static void test_quantize_act(cg_dtype t) {
           c2 = dmalloc((size_t)(S * F / 32));
   uint8_t *a1 = malloc((size_t)(S * F)), *a2 = malloc((size_t)(S * F)), *s1 = malloc((size_t)(S * F / 32)),
           *s2 = malloc((size_t)(S * F / 32));
+  gpu_ptr g1 = dmalloc((size_t)(S * 2 * F)), e1 = dmalloc((size_t)(S * 2 * F / 32)), g2 = dmalloc((size_t)(S * 2 * F)),
+          e2 = dmalloc((size_t)(S * 2 * F / 32));
+  uint8_t *b1 = malloc((size_t)(S * 2 * F)), *b2 = malloc((size_t)(S * 2 * F)), *t1 = malloc((size_t)(S * 2 * F / 32)),
+          *t2 = malloc((size_t)(S * 2 * F / 32));
   /* a window 16 elements in (16-byte chunks: the branch-free loads) and 3 in (element loads) */
   const int64_t starts[] = {16, 3};
   for (int w = 0; w < 2; w++) {
@@ -372,13 +376,34 @@ static void test_quantize_act(cg_dtype t) {
     CHECK(memcmp(a1, a2, (size_t)(S * F)) == 0 && memcmp(s1, s2, (size_t)(S * F / 32)) == 0,
           "quantize_act [%s, window at %lld] differs from mlp_act then mxfp8_quantize", cg_dtype_name(t),
           (long long)starts[w]);
+    /* with gate_up's own quantize from the same loads (grouped_mlp's saved gate_up): the act's
+       bytes unchanged, and gate_up's those of mxfp8_quantize on its (S, 2F) window; the outputs
+       filled first, so that a byte left unwritten shows */
+    RUN(rt_cuda_mxfp8_quantize_win(K, t, window, ldg, 0, 0, S, 2 * F, 32, 1, g1, e1, 0, 1, 0));
+    CHECK(gpu_memset8(G, q2, 0xA5, (size_t)(S * F)) == 0 && gpu_memset8(G, c2, 0xA5, (size_t)(S * F / 32)) == 0 &&
+              gpu_memset8(G, g2, 0xA5, (size_t)(S * 2 * F)) == 0 && gpu_memset8(G, e2, 0xA5, (size_t)(S * 2 * F / 32)) == 0,
+          "memset");
+    RUN(rt_cuda_mxfp8_quantize_act_store(K, t, window, ldg, dp, S, F, 32, 1, q2, c2, g2, e2));
+    download(a2, q2, (size_t)(S * F));
+    download(s2, c2, (size_t)(S * F / 32));
+    download(b1, g1, (size_t)(S * 2 * F));
+    download(b2, g2, (size_t)(S * 2 * F));
+    download(t1, e1, (size_t)(S * 2 * F / 32));
+    download(t2, e2, (size_t)(S * 2 * F / 32));
+    CHECK(memcmp(a1, a2, (size_t)(S * F)) == 0 && memcmp(s1, s2, (size_t)(S * F / 32)) == 0,
+          "quantize_act_store [%s, window at %lld]: the act differs from quantize_act's", cg_dtype_name(t), (long long)starts[w]);
+    CHECK(memcmp(b1, b2, (size_t)(S * 2 * F)) == 0 && memcmp(t1, t2, (size_t)(S * 2 * F / 32)) == 0,
+          "quantize_act_store [%s, window at %lld]: gate_up's bytes differ from mxfp8_quantize's", cg_dtype_name(t),
+          (long long)starts[w]);
   }
+  CHECK(rt_cuda_mxfp8_quantize_act_store(K, t, dgu, ldg, dp, S, F, 32, 1, q2, c2, g2, 0) != 0,
+        "quantize_act_store accepted gate_up's bytes without their codes");
   CHECK(rt_cuda_mxfp8_quantize_act(K, t, dgu, 2 * F - 2, dp, S, F, 32, 1, q2, c2) != 0,
         "quantize_act accepted gate_up rows narrower than 2F");
-  printf("  %-44s %6lld values, bit-exact (elements and codes)\n", t == CG_DT_BF16 ? "quantize_act [bf16]" : "quantize_act [f32]",
-         (long long)(2 * S * F));
+  printf("  %-44s %6lld values, bit-exact (elements and codes)\n",
+         t == CG_DT_BF16 ? "quantize_act (+ gate_up's) [bf16]" : "quantize_act (+ gate_up's) [f32]", (long long)(2 * S * F));
   expect_flag("quantize_act", CK_OK);
-  free(gu), free(p), free(a1), free(a2), free(s1), free(s2);
+  free(gu), free(p), free(a1), free(a2), free(s1), free(s2), free(b1), free(b2), free(t1), free(t2);
   dfree_all();
 }
 

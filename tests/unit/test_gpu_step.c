@@ -182,7 +182,7 @@ static int compare(const char *path, const moec_set *sets, int n_sets, int fused
  * losses, gradient norms, the views of kind `view` its graph has, the launches of its last
  * AdamW queued beside the next forward, and its weights and moments (*out, downloaded at the
  * end). Returns the number of failures. */
-enum { STEPS = 3 };
+enum { STEPS = 3, ACT_STORES = -2 /* run_exact's view: count gpu_exec_act_stores instead */ };
 typedef struct {
   float loss[STEPS];
   double norm[STEPS];
@@ -206,7 +206,7 @@ static int run_exact(const char *path, const moec_set *sets, int n_sets, const c
     fprintf(stderr, "%s: %s check setup failed: %s\n", path, what, err);
     failed++;
   } else {
-    out->views = view >= 0 ? gpu_exec_views(gx, view) : 0;
+    out->views = view == ACT_STORES ? gpu_exec_act_stores(gx) : view >= 0 ? gpu_exec_views(gx, view) : 0;
     int64_t T = g->cfg.batch * g->cfg.seq;
     int32_t *tok = malloc((size_t)T * 4), *lab = malloc((size_t)T * 4);
     for (int s = 1; s <= STEPS && !failed; s++) {
@@ -364,6 +364,8 @@ int main(void) {
   failed += view_exact("models/tiny.moe", tiny8t, 3, "MOEC_SPLIT_Q", VIEW_SPLIT_Q, "VIEW_SPLIT_Q");
   /* attention_bwd's dq | dk | dv read in place by the inverse ropes and the GEMMs (VIEW_COLS) */
   failed += view_exact("models/tiny.moe", tiny8t, 3, "MOEC_COLS_VIEW", VIEW_COLS, "VIEW_COLS");
+  /* grouped_mlp's saved gate_up quantized from its act quantize's loads (MOEC_ACT_STORE) */
+  failed += view_exact("models/tiny.moe", tiny8t, 3, "MOEC_ACT_STORE", ACT_STORES, "the saved gate_up stored by the act quantize");
   /* the update beside the next forward: with the squares (a launch a stack), and with bf16
      moments and copies (chunks of rt_cuda_adamw_multi) */
   failed += overlap_exact("models/tiny.moe", tiny8t, 3, "1");
