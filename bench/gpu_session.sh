@@ -60,7 +60,7 @@
 #            each step instead of AdamW writing their squares), reusing fp8tile's peer   [100 s]
 #   fp8tilembcp  fp8tilemb with MOEC_SQUARES=0 (bf16 moments, the copies quantized each step) [100 s]
 #   fp8tilemb, og2tilemb  fp8tile / og2tile with adamw(moments = bf16), reusing their peers [100 / 150 s]
-#   fp8tilens  fp8tile with MOEC_ACT_STORE=0 (the saved gate_up quantized by a kernel of its own) [100 s]
+#   fp8tileas  fp8tile with MOEC_ACT_STORE=1 (the saved gate_up quantized in the act quantize's kernel) [100 s]
 #   genosbf  genos_1b bf16 (the default pipeline), reusing the peer of fp8tile/fp8peer/genos [100 s]
 #   og2bf    og2_8x1b bf16, reusing the peer of og2tile/og2fp8/og2                 [150 s]
 #   og2tile  the same on og2_8x1b (+ peer unless og2fp8/og2 ran; on a fresh machine moec's
@@ -229,9 +229,9 @@ for part in "${parts[@]}"; do
   fp8tile2|fp8tile4)
     peer_from "$L/fp8tile" "$L/$part"
     bench LOGDIR=$L/$part PEER_SKIP=1 MOEC_GEMM_STREAMS=${part#fp8tile} PRECISION='mxfp8(block=128,weight_tile=128)' MOEC_ARGS=$FUSED_MX timeout 150 bash bench/run_bench.sh genos_1b ;;
-  fp8tilens) # the saved gate_up quantized by a kernel of its own (MOEC_ACT_STORE=0), beside fp8tile
+  fp8tileas) # the saved gate_up quantized in the act quantize's kernel (MOEC_ACT_STORE=1), beside fp8tile
     peer_from "$L/fp8tile" "$L/$part"
-    bench LOGDIR=$L/$part PEER_SKIP=1 MOEC_ACT_STORE=0 PRECISION='mxfp8(block=128,weight_tile=128)' MOEC_ARGS=$FUSED_MX timeout 150 bash bench/run_bench.sh genos_1b ;;
+    bench LOGDIR=$L/$part PEER_SKIP=1 MOEC_ACT_STORE=1 PRECISION='mxfp8(block=128,weight_tile=128)' MOEC_ARGS=$FUSED_MX timeout 150 bash bench/run_bench.sh genos_1b ;;
   fp8tilemb)
     peer_from "$L/fp8tile" "$L/$part"
     bench LOGDIR=$L/$part PEER_SKIP=1 PRECISION='mxfp8(block=128,weight_tile=128)' MOEC_ARGS="$FUSED_MX --set moments=bf16" timeout 150 bash bench/run_bench.sh genos_1b ;;

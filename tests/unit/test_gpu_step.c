@@ -257,10 +257,11 @@ static int same_bits(const char *path, const char *what, const char *env, const 
   return 0;
 }
 
-/* A view that changes no bit, on by default and off with `env`=0 (VIEW_GATHER: MOEC_GATHER,
- * VIEW_SPLIT_Q: MOEC_SPLIT_Q, VIEW_COLS: MOEC_COLS_VIEW): deterministic runs with it and without give the same losses and
- * gradient norms, and the first one has such views. (compare() checks gradients in step 1 only,
- * which keeps every value and so makes none of these views.) */
+/* A view that changes no bit, on with `env`=1 and off with `env`=0 (VIEW_GATHER: MOEC_GATHER,
+ * VIEW_SPLIT_Q: MOEC_SPLIT_Q, VIEW_COLS: MOEC_COLS_VIEW, the act quantize's gate_up store:
+ * MOEC_ACT_STORE): deterministic runs with it and without give the same losses and gradient
+ * norms, and the first one has such views. (compare() checks gradients in step 1 only, which
+ * keeps every value and so makes none of these views.) */
 static int view_exact(const char *path, const moec_set *sets, int n_sets, const char *env, int view, const char *what) {
   const char *only = getenv("MOEC_GPU_STEP_ONLY");
   if (only && !strstr(path, only)) return 0;
@@ -364,7 +365,8 @@ int main(void) {
   failed += view_exact("models/tiny.moe", tiny8t, 3, "MOEC_SPLIT_Q", VIEW_SPLIT_Q, "VIEW_SPLIT_Q");
   /* attention_bwd's dq | dk | dv read in place by the inverse ropes and the GEMMs (VIEW_COLS) */
   failed += view_exact("models/tiny.moe", tiny8t, 3, "MOEC_COLS_VIEW", VIEW_COLS, "VIEW_COLS");
-  /* grouped_mlp's saved gate_up quantized from its act quantize's loads (MOEC_ACT_STORE) */
+  /* grouped_mlp's saved gate_up quantized from its act quantize's loads (MOEC_ACT_STORE=1, off by
+     default) */
   failed += view_exact("models/tiny.moe", tiny8t, 3, "MOEC_ACT_STORE", ACT_STORES, "the saved gate_up stored by the act quantize");
   /* the update beside the next forward: with the squares (a launch a stack), and with bf16
      moments and copies (chunks of rt_cuda_adamw_multi) */
