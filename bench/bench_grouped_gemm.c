@@ -208,6 +208,13 @@ int main(int argc, char **argv) {
     gpu_ptr out = u.c, act = u.c + 2 * (gpu_ptr)(S * F) * 2, dp = act + (gpu_ptr)(S * F) * 2 + MB;
     /* dgate|dup's MXFP8 rows (S, 2F) and codes: blocks of 32 sharing 128, as mxfp8(block=128)'s */
     const gpu_ptr dq = u.c + 512 * MB, dsc = u.c + 700 * MB;
+    /* the forward's gate_up as the step has it: the (S, 2F) window at column H of grouped_mlp's
+       (S, H + 2F) output, bf16 0.5 (not u.a, which the quantize section overwrites), read by the
+       act quantize and by the saved gate_up's quantize through the window (quantize_win, as
+       fp8_pack runs it) */
+    const int64_t W = H + 2 * F;
+    const gpu_ptr gw = dalloc((size_t)(S * W) * 2), gwin = gw + (gpu_ptr)H * 2;
+    if (gpu_memset32(G, gw, 0x3f003f00u, (size_t)(S * W) / 2)) die("fill");
     static const char *const names[] = {"mlp_bwd_split (MXFP8 gate_up)", "mxfp8_quantize_act", "mxfp8_quantize_tiles (E, H, 2F)^T",
                                         "mlp_bwd_split_q (+ dgate|dup rows quantized)", "mxfp8_quantize dgate|dup rows (unfused)",
                                         "quantize_act, then gate_up's quantize (apart)", "quantize_act_store (both, one read)"};
@@ -225,9 +232,9 @@ int main(int argc, char **argv) {
                  : kn == 2 ? rt_cuda_mxfp8_quantize_tiles(KR, CG_DT_BF16, u.a, 0, E, H, 2 * F, 32, 1, u.c, u.c + 200 * MB,
                                                           u.c + 300 * MB)
                  : kn == 4 ? rt_cuda_mxfp8_quantize(KR, CG_DT_BF16, out, S, 2 * F, 32, 1, dq, dsc)
-                 : kn == 5 ? rt_cuda_mxfp8_quantize_act(KR, CG_DT_BF16, u.a, 2 * F, u.sa, S, F, 32, 1, u.c, u.c + 200 * MB) ||
-                                 rt_cuda_mxfp8_quantize(KR, CG_DT_BF16, u.a, S, 2 * F, 32, 1, dq, dsc)
-                           : rt_cuda_mxfp8_quantize_act_store(KR, CG_DT_BF16, u.a, 2 * F, u.sa, S, F, 32, 1, u.c, u.c + 200 * MB,
+                 : kn == 5 ? rt_cuda_mxfp8_quantize_act(KR, CG_DT_BF16, gwin, W, u.sa, S, F, 32, 1, u.c, u.c + 200 * MB) ||
+                                 rt_cuda_mxfp8_quantize_win(KR, CG_DT_BF16, gw, W, H, 0, S, 2 * F, 32, 1, dq, dsc, 0, 1, 0)
+                           : rt_cuda_mxfp8_quantize_act_store(KR, CG_DT_BF16, gwin, W, u.sa, S, F, 32, 1, u.c, u.c + 200 * MB,
                                                               dq, dsc);
         if (rc) die(rt_cuda_error(KR));
         gpu_event_record(G, e1);
@@ -239,6 +246,7 @@ int main(int argc, char **argv) {
                  bytes / (ms * 1e6));
       }
     }
+    gpu_free(G, gw);
   }
   /* the optimizer step of a gate_up weight stack (E, H, 2F) under the weight-tile recipe: AdamW
      writing the bf16 copies then both square quantizes (the copies path, MOEC_SQUARES=0) against

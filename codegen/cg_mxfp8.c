@@ -166,8 +166,6 @@ static const char *const src =
     "// each thread has QR_U 16-byte loads in flight (two each for f32). The group maximum is a\n"
     "// shuffle within its TPG lanes.\n"
     "constexpr int QR_U = 4;\n"
-    "// The quantize of the chunks, whatever loads them: load(ch0, nch, v) fills v[k] with chunk\n"
-    "// ch0 + k blockDim.x's values (zeros past nch).\n"
     "// mxq_chunks: the quantize of chunks ch0 + k blockDim.x (k < U) once loaded into v; at(ch):\n"
     "// where chunk ch's elements go in q (their codes at scale + at(ch) / BLOCK), a group's chunks\n"
     "// landing together, in order, from a multiple of GROUP.\n"
@@ -205,6 +203,8 @@ static const char *const src =
     "      if ((base + j) % BLOCK == 0) scale[(base + j) / BLOCK] = (u8)code[k];\n"
     "  }\n"
     "}\n"
+    "// The quantize of the chunks, whatever loads them: load(ch0, nch, v) fills v[k] with chunk\n"
+    "// ch0 + k blockDim.x's values (zeros past nch).\n"
     "template <class Load> __device__ void mxq_rows(u8 *q, u8 *scale, i64 ngroups, Load load) {\n"
     "  const i64 nch = ngroups * TPG, ch0 = (i64)blockIdx.x * blockDim.x * QR_U + threadIdx.x;\n"
     "  float v[QR_U][EPT];\n"
@@ -312,9 +312,9 @@ static const char *const src =
     "// chunks are held as raw bits (16 registers each for bf16) while the act's values are\n"
     "// quantized. (A version reading them again after the act's pass, from L1 or L2, ran slower\n"
     "// than the two kernels apart on the H200.) Unaligned gate_up: the two passes one after the\n"
-    "// other. AS_U = 2 chunks a thread (100 registers and two blocks an SM with QR_U's 4: slower\n"
-    "// than the two kernels apart on an H100, 0.299 against 0.269 ms at genos_1b's shapes).\n"
-    "constexpr int AS_U = 2;\n"
+    "// other. AS_U chunks a thread (CG_ACT_STORE_CHUNKS, 2: QR_U's 4 took 100 registers and two\n"
+    "// blocks an SM, slower than the two kernels apart on an H100, 0.299 against 0.269 ms at\n"
+    "// genos_1b's shapes).\n"
     "template <class T>\n"
     "__device__ void mxfp8_quantize_act_store(const T *gu, i64 ldg, const float *p, i64 F, u8 *q, u8 *scale, i64 ngroups,\n"
     "                                         u8 *qs, u8 *ss) {\n"
@@ -700,9 +700,9 @@ static const char *const src =
     ;
 
 void cg_emit_mxfp8(cg_buf *b, const cg_variant *v, int emu) {
-  cg_printf(b, "// block %d%s\nconstexpr int BLOCK = %d, GROUP = %d;\n", v->mx_block,
+  cg_printf(b, "// block %d%s\nconstexpr int BLOCK = %d, GROUP = %d, AS_U = %d;\n", v->mx_block,
             v->mx_share128 ? ", the blocks of each 128 elements sharing one scale" : "", v->mx_block,
-            v->mx_share128 ? 128 : v->mx_block);
+            v->mx_share128 ? 128 : v->mx_block, (int)CG_ACT_STORE_CHUNKS);
   cg_puts(b, cg_mx_codec);
   cg_puts(b, src);
   const char *kv[9];

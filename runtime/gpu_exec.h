@@ -60,7 +60,7 @@ int gpu_exec_views(const gpu_exec *x, int view);
  * (MOEC_ADAMW_OVERLAP=1, gpu_exec_update.c); 0 when it ran on the main stream (the default). */
 int gpu_runtime_update_launches(const gpu_runtime *rt);
 /* How many FP8 grouped_mlps quantize their saved gate_up in their act quantize's kernel
- * (only with MOEC_ACT_STORE=1). */
+ * (only with MOEC_ACT_STORE set, and not to 0). */
 int gpu_exec_act_stores(const gpu_exec *x);
 /* For tests: each stack kept as squares and fresh compared, byte for byte, with the quantize of
  * its weights as they are now; the number checked, or -1 (err says which differed). Syncs. */

@@ -644,7 +644,7 @@ int exec_MXFP8_DEQUANTIZE(gx *x, int id) {
 void plan_gate_up_stores(gx *x) {
   const ir_graph *g = x->g;
   const char *env = getenv("MOEC_ACT_STORE");
-  const int on = env && strcmp(env, "0") != 0; /* opt-in until measured faster (docs/cuda.md) */
+  const int on = env && *env && strcmp(env, "0") != 0; /* opt-in until measured faster (docs/cuda.md) */
   for (int id = 0; id < g->n_nodes; id++) x->store_q[id] = -1;
   for (int q = 0; q < g->n_nodes && on; q++) {
     const ir_node *qn = &g->nodes[q];

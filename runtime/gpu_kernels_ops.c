@@ -645,9 +645,9 @@ int rt_cuda_mxfp8_quantize_act_store(rt_cuda *k, cg_dtype t, gpu_ptr gu, int64_t
   int64_t group = share128 ? 128 : block, tpg = mx_tpg(group), ngroups = S * (F / group);
   char name[64];
   KN(qs ? "mxfp8_quantize_act_store" : "mxfp8_quantize_act", 1, t);
-  /* QR_U = 4 chunks (of 8 elements) a thread, as mxfp8_quantize; with gate_up's store AS_U = 2 */
+  /* QR_U = 4 chunks (of 8 elements) a thread, as mxfp8_quantize; with gate_up's store AS_U */
   if (qs)
-    return rtk_launch(k, CG_FAM_MXFP8, &v, name, rtk_blocks(ngroups * tpg, CG_NT_MX * 2), 1, CG_NT_MX,
+    return rtk_launch(k, CG_FAM_MXFP8, &v, name, rtk_blocks(ngroups * tpg, CG_NT_MX * CG_ACT_STORE_CHUNKS), 1, CG_NT_MX,
                       ARGS(&gu, &ldg, &probs, &F, &q, &scale, &ngroups, &qs, &ss));
   return rtk_launch(k, CG_FAM_MXFP8, &v, name, rtk_blocks(ngroups * tpg, CG_NT_MX * 4), 1, CG_NT_MX,
                     ARGS(&gu, &ldg, &probs, &F, &q, &scale, &ngroups));

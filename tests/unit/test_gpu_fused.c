@@ -352,7 +352,8 @@ static void test_mlp_bwd_split_q(cg_dtype t, int64_t Fq, int mx) {
 static void test_quantize_act(cg_dtype t) {
   const int64_t F = 256, ldg = 2 * F + 40;
   float *gu = rnd(S * ldg, -3, 3, t), *p = rnd(S, 0.1f, 1, CG_DT_F32);
-  gu[5 * ldg + 19] = NAN; /* inside both windows */
+  gu[5 * ldg + 19] = NAN;     /* inside both windows, in g */
+  gu[9 * ldg + F + 40] = NAN; /* and in u */
   gpu_ptr dgu = up_f(gu, S * ldg, t), dp = up_f(p, S, CG_DT_F32), act = dmalloc((size_t)(S * F) * dts(t));
   gpu_ptr q1 = dmalloc((size_t)(S * F)), c1 = dmalloc((size_t)(S * F / 32)), q2 = dmalloc((size_t)(S * F)),
           c2 = dmalloc((size_t)(S * F / 32));

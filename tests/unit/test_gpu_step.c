@@ -270,7 +270,8 @@ static int view_exact(const char *path, const moec_set *sets, int n_sets, const 
   int failed = run_exact(path, sets, n_sets, env, "1", view, what, &r[1]);
   if (!failed) failed = run_exact(path, sets, n_sets, env, NULL, view, what, &r[0]);
   if (!failed && (r[1].views == 0 || r[0].views != 0)) {
-    fprintf(stderr, "%s: %d %s views by default (want some), %d with %s=0 (want 0)\n", path, r[1].views, what, r[0].views, env);
+    fprintf(stderr, "%s: %d %s views with %s=1 (want some), %d with %s=0 (want 0)\n", path, r[1].views, what, env, r[0].views,
+            env);
     failed = 1;
   }
   if (!failed && !(failed = same_bits(path, what, env, r, 0)))
