@@ -349,10 +349,11 @@ static int cmd_train(int argc, char **argv) {
    * (issue 6's wgmma kernel changes that) */
   char gpu_disable[1024];
   if (c.train.cuda && !c.pipe.passes) {
-    snprintf(gpu_disable, sizeof gpu_disable, "%s%smxfp8", c.pipe.disable ? c.pipe.disable : "", c.pipe.disable ? "," : "");
+    snprintf(gpu_disable, sizeof gpu_disable, "%s%smxfp8-projections,mxfp8", c.pipe.disable ? c.pipe.disable : "",
+             c.pipe.disable ? "," : "");
     c.pipe.disable = gpu_disable;
-    fprintf(stderr, "moec: note: --device cuda: mxfp8 is off by default (--passes=lower,group-linear,grouped-mlp,%sautodiff,"
-                    "%sfold-grad-cast,mxfp8,fuse-residual,dce turns it on)\n",
+    fprintf(stderr, "moec: note: --device cuda: mxfp8 is off by default (--passes=lower,group-linear,grouped-mlp,%s"
+                    "mxfp8-projections,autodiff,%sfold-grad-cast,mxfp8,fuse-residual,dce turns it on)\n",
             ep * dp > 1 ? "parallelize," : "", ep * dp > 1 ? "sync," : "");
   }
   if (multi && !(c.train.world = launch_train_join(ep, dp, &c.train.rank))) return 1;

@@ -412,7 +412,7 @@ static int shape_CROSS_ENTROPY(shape_ctx *c) {
 }
 
 static int shape_FILL(shape_ctx *c) {
-  if (!is_float(c->n->type.dtype)) return fail(c, "fills float tensors only");
+  if (!is_float(c->n->type.dtype) && c->n->type.dtype != DT_I32) return fail(c, "fills float or i32 tensors only");
   for (int i = 0; i < c->n->type.rank; i++)
     if (c->n->type.dims[i] < 0) return fail(c, "needs static sizes");
   *c->out = c->n->type;

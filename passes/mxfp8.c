@@ -18,7 +18,8 @@
  * is not kept through the forward, it is made when the backward needs it.
  *
  * What is quantized (each orientation quantized from the high-precision value, never from
- * another quantized copy), on the operands of every expert GEMM:
+ * another quantized copy), on the operands of every grouped GEMM (the experts', and the attention
+ * projections' one-group ones from mxfp8-projections):
  *   grouped_linear(xs, w)          xs row blocks (axis 1), w along in (axis 1 of [E,in,out])
  *   grouped_linear_dgrad(dy, w)    dy row blocks, w along out (axis 2)
  *   grouped_linear_wgrad(xs, dy)   both column blocks within each expert (axis 0 + counts)
@@ -30,8 +31,8 @@
  *   matmuls of its backward, when a row count is an expert's run-time one.
  * Activations saved for the backward: every forward value computed from the expert-sorted (or
  * dispatched) rows that a backward op reads is stored quantized (row blocks) unless a GEMM
- * rule above already quantizes it for that reader. The router, embedding, norms, attention,
- * lm_head and the loss are untouched.
+ * rule above already quantizes it for that reader. The router, embedding, norms, the attention
+ * op itself, lm_head and the loss are untouched.
  */
 #include <stdlib.h>
 #include <string.h>

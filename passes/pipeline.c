@@ -14,10 +14,11 @@ static const pass_info passes[] = {
     {"group-linear", pass_group_linear, "E per-expert linears -> one grouped_linear over expert-sorted tokens", 1, 0},
     {"grouped-mlp", pass_grouped_mlp, "grouped gate_up -> SwiGLU -> x routing prob -> grouped down => grouped_mlp", 1, 0},
     {"parallelize", pass_parallelize, "one rank's graph of an EP x DP world: every loss a share of the global batch's (world > 1)", 1, 0},
+    {"mxfp8-projections", pass_mxfp8_projections, "attention projections -> one-group grouped_linear, FP8 GEMMs like the experts' (precision mxfp8)", 1, 0},
     {"autodiff", pass_autodiff, "append the backward graph and the AdamW update (training step)", 1, 1},
     {"sync", pass_sync, "all_reduce the gradients before the optimizer and the outputs (world > 1)", 1, 0},
     {"fold-grad-cast", pass_fold_grad_cast, "grad_norm and adamw read bf16 gradients directly (no f32 copy; exact)", 1, 1},
-    {"mxfp8", pass_mxfp8, "MXFP8 quantize ops on expert GEMM operands and saved activations (precision mxfp8)", 1, 0},
+    {"mxfp8", pass_mxfp8, "MXFP8 quantize ops on grouped GEMM operands (experts, projections) and saved activations (precision mxfp8)", 1, 0},
     {"fuse-residual", pass_fuse_residual, "residual adds folded into the unpermute or norm gradient making a term (exact)", 1, 0},
     {"dce", pass_dce, "remove ops whose results reach no output", 1, 0},
 };

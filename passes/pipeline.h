@@ -56,6 +56,7 @@ void pipeline_print_header(const char *pass, FILE *out);
 int pass_group_linear(ir_graph **g, FILE *err);
 int pass_grouped_mlp(ir_graph **g, FILE *err);
 int pass_parallelize(ir_graph **g, FILE *err);
+int pass_mxfp8_projections(ir_graph **g, FILE *err);
 int pass_autodiff(ir_graph **g, FILE *err);
 int pass_sync(ir_graph **g, FILE *err);
 int pass_fold_grad_cast(ir_graph **g, FILE *err);

@@ -485,8 +485,11 @@ static int exec_EP_LOCAL_COUNTS(ex *x, int id) {
 static int exec_FILL(ex *x, int id) {
   const ir_type *t = &N(id)->type;
   if (alloc_out(x, id, t->rank ? t->dims[0] : 1, 0)) return -1;
-  float v = (float)ir_get_float(N(id), "value", 0);
-  for (int64_t i = 0; i < x->val[id].numel; i++) x->val[id].f[i] = v;
+  double v = ir_get_float(N(id), "value", 0);
+  if (t->dtype == DT_I32)
+    for (int64_t i = 0; i < x->val[id].numel; i++) x->val[id].i[i] = (int32_t)v;
+  else
+    for (int64_t i = 0; i < x->val[id].numel; i++) x->val[id].f[i] = (float)v;
   return 0;
 }
 

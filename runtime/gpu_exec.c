@@ -698,6 +698,11 @@ static int exec_CROSS_ENTROPY(gx *x, int id) {
 static int exec_FILL(gx *x, int id) {
   const ir_type *t = &N(id)->type;
   if (alloc_out(x, id, t->rank ? t->dims[0] : 1, 0)) return -1;
+  if (t->dtype == DT_I32) { /* a one-group GEMM's row count (mxfp8-projections) */
+    int32_t v = (int32_t)ir_get_float(N(id), "value", 0);
+    if (gpu_memset32(x->rt->g, x->val[id].p, (uint32_t)v, (size_t)x->val[id].numel) != 0) return fail(x, id, "%s", gpu_error(x->rt->g));
+    return 0;
+  }
   return ck(x, id, rt_cuda_fill(KX, DT(x, id), x->val[id].p, x->val[id].numel, (float)ir_get_float(N(id), "value", 0)));
 }
 

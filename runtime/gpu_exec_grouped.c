@@ -166,7 +166,9 @@ static const int32_t *host_counts(gx *x, int id, int v, int64_t S) {
     int64_t E = x->val[v].numel, sum = 0;
     int32_t *c = malloc((size_t)(E > 0 ? E : 1) * sizeof *c);
     if (!c) return fail(x, id, "out of host memory"), NULL;
-    if (x->cpending[v]) { /* queued by exec_EXPERT_COUNTS */
+    if (N(v)->op == OP_FILL) { /* a constant (mxfp8-projections' one group): no download */
+      for (int64_t e = 0; e < E; e++) c[e] = (int32_t)ir_get_float(N(v), "value", 0);
+    } else if (x->cpending[v]) { /* queued by exec_EXPERT_COUNTS */
       x->cpending[v] = 0;
       if (gpu_event_wait(x->rt->g, x->cev[v]) != 0) {
         free(c);

@@ -29,8 +29,12 @@ for l in $(seq 0 15); do
   grep -q "weights model.layers.$l.block_sparse_moe.experts.\*.w1.weight, .*experts.\*.w3.weight (2 siblings" "$tmp/og2.mir.group-linear" ||
     fail "layer $l: no merged gate_up note"
 done
+# mxfp8-projections: q, k, v and o of every layer become one-group grouped GEMMs
+np=$(section "$tmp/og2.mir" mxfp8-projections | grep -c '// mxfp8-projections: ' || true)
+[ "$np" -eq $((16 * 4)) ] || fail "mxfp8-projections: expected 64 one-group projections (q, k, v, o per layer), found $np"
 nq=$(section "$tmp/og2.mir" mxfp8 | grep -c ' = mxfp8_quantize(' || true)
-[ "$nq" -eq $((16 * 3)) ] || fail "mxfp8: expected 48 forward quantize ops (xs, w_gate_up, w_down per layer), found $nq"
+[ "$nq" -eq $((16 * 9)) ] ||
+  fail "mxfp8: expected 144 forward quantize ops (xs, w_gate_up, w_down; the projections' two inputs and four weights per layer), found $nq"
 grep -q ' = grouped_mlp(.*mx_block=32, mx_share128=0' "$tmp/og2.mir.mxfp8" || fail "grouped_mlp without its MX attributes"
 [ "$(section "$tmp/og2.mir" lower | grep -c mxfp8_)" -eq 0 ] || fail "quantize ops before the mxfp8 pass"
 # (that router, embedding, norms, attention and lm_head read no MXFP8 value: test_passes.c)
@@ -55,7 +59,7 @@ grep -q ' = dispatch(' "$tmp/naive.mir" && ! grep -q grouped "$tmp/naive.mir" ||
 for p in group-linear grouped-mlp autodiff mxfp8 dce total; do grep -q "^  $p " "$tmp/timing" || fail "--pass-timing: no $p line"; done
 # --dump-dir: numbered by place in the pipeline; golden against tests/golden/tiny
 "$MOEC" dump models/tiny.moe --train --set precision=mxfp8 --dump-dir="$tmp/dd" >/dev/null || fail "--dump-dir"
-for f in 00-after-lower 01-after-group-linear 02-after-grouped-mlp 03-after-parallelize 04-after-autodiff 05-after-sync 06-after-fold-grad-cast 07-after-mxfp8 08-after-fuse-residual 09-after-dce; do
+for f in 00-after-lower 01-after-group-linear 02-after-grouped-mlp 03-after-parallelize 04-after-mxfp8-projections 05-after-autodiff 06-after-sync 07-after-fold-grad-cast 08-after-mxfp8 09-after-fuse-residual 10-after-dce; do
   [ -f "$tmp/dd/$f.mir" ] || fail "--dump-dir: no $f.mir"
   diff -u "tests/golden/tiny/$f.mir" "$tmp/dd/$f.mir" >"$tmp/diff" ||
     { head -40 "$tmp/diff"; fail "$f.mir differs from tests/golden/tiny (if intended: tests/golden/update.sh)"; }

@@ -62,8 +62,9 @@ static void test_block128(void) {
   CHECK(saved > 0 && saved_store == saved, "%d of %d saved quantizes stored packed (their dequantize expands them)",
         saved_store, saved);
   CHECK(fwd_values == 0, "%d GEMM-only quantizes also write their exact values", fwd_values);
-  /* per layer 12 MXFP8 operands; the saved gate_up's dequantize feeds grouped_mlp_bwd's elementwise part */
-  CHECK(skipped == 2 * 12 - saved, "%d dequantizes skipped, want %d", skipped, 2 * 12 - saved);
+  /* per layer 12 MXFP8 operands of the experts' GEMMs and 4 x 6 of the attention projections'
+     (forward, dgrad, wgrad); the saved gate_up's dequantize feeds grouped_mlp_bwd's elementwise part */
+  CHECK(skipped == 2 * (12 + 24) - saved, "%d dequantizes skipped, want %d", skipped, 2 * (12 + 24) - saved);
   printf("mxfp8(block=128): %d FP8 sites, %d dequantizes skipped, %d saved values stored packed\n", sites, skipped,
          saved_store);
   gpu_fp8_plan_free(&p);

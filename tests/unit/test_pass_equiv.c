@@ -20,12 +20,21 @@
 #include "pipeline.h"
 
 #define TOL_FP32 1e-5
-/* mxfp8 against bf16 (the whole pipeline, same weights and tokens). */
-#define TOL_MX_LOSS 2e-3   /* relative, loss */
-#define TOL_MX_EXPERTS 0.10 /* the expert weights' gradients together: ||g_mx - g_bf16|| <= TOL * ||g_bf16|| */
-#define TOL_MX_DENSE 0.05   /* the other gradients together */
-#define TOL_MX_TENSOR 0.15 /* 90% of the tensors each within this (a token routed to another expert
-                            * in one run changes that expert's gradient wholesale) */
+/* mxfp8 against bf16 (same weights and tokens), FP8 on the expert GEMMs only. */
+typedef struct {
+  double loss;    /* relative, loss */
+  double experts; /* the expert weights' gradients together: ||g_mx - g_bf16|| <= TOL * ||g_bf16|| */
+  double dense;   /* the other gradients together */
+  double tensor;  /* 90% of the tensors each within this (a token routed to another expert in
+                     one run changes that expert's gradient wholesale) */
+  int dense_only; /* the 90% are taken over the tensors outside the experts */
+} mx_tol;
+static const mx_tol TOL_MX = {2e-3, 0.10, 0.05, 0.15, 0};
+/* and on the attention projections too (mxfp8-projections): their FP8 noise reaches the
+ * router, which sends more tokens elsewhere (single experts' gradients then differ by 30-65%
+ * on l0_sanity), so the experts' bound is wider and the 90% go over the other tensors */
+static const mx_tol TOL_MX_ALL = {4e-3, 0.15, 0.08, 0.15, 1};
+#define EXPERT_GEMMS_ONLY "group-linear,grouped-mlp,autodiff,fold-grad-cast,mxfp8,fuse-residual,dce"
 
 #include "check.h"
 
@@ -185,7 +194,8 @@ static double compare(const step_result *a, const step_result *b, int l2, const 
 }
 
 /* mx: global ||a-b|| / ||b|| over all tensors, and the 90th percentile of the per-tensor ratio. */
-static void compare_mx(const step_result *a, const step_result *b, double *experts, double *dense, double *p90) {
+static void compare_mx(const step_result *a, const step_result *b, int dense_only, double *experts, double *dense,
+                       double *p90) {
   double num[2] = {0, 0}, den[2] = {0, 0}, *per = calloc((size_t)b->n + 1, sizeof *per);
   for (int i = 0; i < b->n; i++) {
     int64_t n;
@@ -200,7 +210,10 @@ static void compare_mx(const step_result *a, const step_result *b, double *exper
     num[ex] += tn, den[ex] += td;
     per[i] = ga ? (td > 0 ? sqrt(tn / td) : (tn > 0 ? 1 : 0)) : INFINITY;
   }
-  for (int i = 1; i < b->n; i++) /* insertion sort: a few dozen tensors */
+  int np = 0; /* the tensors the percentile goes over, first */
+  for (int i = 0; i < b->n; i++)
+    if (!dense_only || !strstr(b->names[i], ".experts.")) per[np++] = per[i];
+  for (int i = 1; i < np; i++) /* insertion sort: a few dozen tensors */
     for (int k = i; k > 0 && per[k] < per[k - 1]; k--) {
       double t = per[k];
       per[k] = per[k - 1];
@@ -208,7 +221,7 @@ static void compare_mx(const step_result *a, const step_result *b, double *exper
     }
   *experts = sqrt(num[1] / den[1]);
   *dense = sqrt(num[0] / den[0]);
-  *p90 = b->n ? per[(int)(0.9 * (b->n - 1))] : 0;
+  *p90 = np ? per[(int)(0.9 * (np - 1))] : 0;
   free(per);
 }
 
@@ -276,13 +289,12 @@ static void check_fp32(const model *m) {
   free(lab);
 }
 
-/* The mxfp8 step (whole pipeline, or mxfp8 on the naive graph when passes is given) against
- * the bf16 step of the same model, weights and tokens. */
-static void check_mxfp8(const model *m, const char *block, const char *passes) {
+/* The mxfp8 step (the passes given, or the whole pipeline) against the bf16 step of the same
+ * model, weights and tokens. */
+static void check_mxfp8(const model *m, const char *block, const char *label, const char *passes, const mx_tol *tol) {
   model mb = *m;
   mb.sets[mb.n_sets++] = (moec_set){"mx_block", block};
   ir_graph *bf = build(&mb, "bf16", passes), *mx = build(&mb, "mxfp8", passes);
-  const char *label = passes ? "naive + mxfp8" : "whole pipeline";
   if (!bf || !mx) {
     CHECK(0, "%s: bf16 or mxfp8 pipeline failed", m->name);
     ir_graph_free(bf);
@@ -298,17 +310,18 @@ static void check_mxfp8(const model *m, const char *block, const char *passes) {
   } else {
     const char *worst;
     double eg = compare(&a, &b, 1, &worst), el = rel(a.out[0], b.out[0]), experts, dense, p90;
-    compare_mx(&a, &b, &experts, &dense, &p90);
+    compare_mx(&a, &b, tol->dense_only, &experts, &dense, &p90);
     printf("%s, %s, mxfp8 block %s vs bf16: %d quantize ops; loss %.6f vs %.6f (rel %.1e); gradients (relative L2): "
-           "experts %.3f, the rest %.3f; 90%% of tensors within %.3f, worst %.3f (%s)\n",
-           m->name, label, block, a.n_quant, a.out[0], b.out[0], el, experts, dense, p90, eg, worst);
+           "experts %.3f, the rest %.3f; 90%% of %s within %.3f, worst %.3f (%s)\n",
+           m->name, label, block, a.n_quant, a.out[0], b.out[0], el, experts, dense,
+           tol->dense_only ? "the tensors outside the experts" : "tensors", p90, eg, worst);
     CHECK(a.n_quant > 0, "%s: no mxfp8_quantize in the mxfp8 step", m->name);
-    CHECK(el <= TOL_MX_LOSS, "%s: %s: mxfp8 loss differs from bf16 by %.3g", m->name, label, el);
-    CHECK(experts <= TOL_MX_EXPERTS, "%s: %s: mxfp8 expert gradients differ from bf16 by %.3g (relative L2)", m->name,
+    CHECK(el <= tol->loss, "%s: %s: mxfp8 loss differs from bf16 by %.3g", m->name, label, el);
+    CHECK(experts <= tol->experts, "%s: %s: mxfp8 expert gradients differ from bf16 by %.3g (relative L2)", m->name,
           label, experts);
-    CHECK(dense <= TOL_MX_DENSE, "%s: %s: mxfp8 dense gradients differ from bf16 by %.3g (relative L2)", m->name, label,
+    CHECK(dense <= tol->dense, "%s: %s: mxfp8 dense gradients differ from bf16 by %.3g (relative L2)", m->name, label,
           dense);
-    CHECK(p90 <= TOL_MX_TENSOR, "%s: %s: 10%% of the mxfp8 gradients differ from bf16 by more than %.3g", m->name, label,
+    CHECK(p90 <= tol->tensor, "%s: %s: 10%% of the mxfp8 gradients differ from bf16 by more than %.3g", m->name, label,
           p90);
     result_free(&a);
     result_free(&b);
@@ -316,6 +329,54 @@ static void check_mxfp8(const model *m, const char *block, const char *passes) {
   rt_params_free(ps);
   ir_graph_free(bf);
   ir_graph_free(mx);
+  free(tok);
+  free(lab);
+}
+
+/* mxfp8-projections' rewrite alone (run on a bf16 graph as if it were mxfp8): the one-group
+ * grouped GEMMs give the loss, norm and every gradient of the linears they replace, bit for bit. */
+static int projections_forced(ir_graph **gp, FILE *err) {
+  moec_precision p = (*gp)->cfg.precision;
+  (*gp)->cfg.precision = PREC_MXFP8;
+  int rc = pass_mxfp8_projections(gp, err);
+  (*gp)->cfg.precision = p;
+  return rc;
+}
+
+static void check_projections_exact(const model *m) {
+  const char *rest = "group-linear,grouped-mlp,autodiff,fold-grad-cast,fuse-residual,dce";
+  ir_graph *b = build(m, "bf16", rest), *a = build(m, "bf16", "group-linear,grouped-mlp");
+  const pass_info forced[] = {{"mxfp8-projections", projections_forced, "forced", 1, 0}};
+  pipeline_opts o = {.dump = stdout, .train = 1}, o_rest = {.passes = "autodiff,fold-grad-cast,fuse-residual,dce", .dump = stdout, .train = 1};
+  if (!a || !b || pipeline_run_table(&a, forced, 1, &o, stderr) || pipeline_run(&a, &o_rest, stderr)) {
+    CHECK(0, "%s: bf16 pipeline with the projections rewritten failed", m->name);
+    ir_graph_free(a);
+    ir_graph_free(b);
+    return;
+  }
+  int one_group = 0;
+  for (int i = 0; i < a->n_nodes; i++) one_group += a->nodes[i].op == OP_GROUPED_LINEAR && a->nodes[i].type.rank == 2 &&
+                                                    a->nodes[a->nodes[i].in[1]].type.dims[0] == 1;
+  rt_params *ps = rt_params_new(b, 11);
+  int32_t *tok, *lab;
+  make_tokens(b, &tok, &lab);
+  step_result ra, rb;
+  if (run_step(a, ps, tok, lab, &ra) || run_step(b, ps, tok, lab, &rb)) {
+    CHECK(0, "%s: step failed", m->name);
+  } else {
+    const char *worst;
+    double eg = compare(&ra, &rb, 0, &worst);
+    printf("%s, mxfp8-projections in bf16: %d one-group GEMMs; loss %.9g vs %.9g, grads %.1e (%s)\n", m->name, one_group,
+           ra.out[0], rb.out[0], eg, worst);
+    CHECK(one_group == 4 * (int)a->cfg.layers, "%s: %d one-group projections, want 4 a layer", m->name, one_group);
+    CHECK(ra.out[0] == rb.out[0] && ra.norm == rb.norm, "%s: mxfp8-projections changes the bf16 loss or norm", m->name);
+    CHECK(eg == 0, "%s: mxfp8-projections changes the gradient of %s by %.3g", m->name, worst, eg);
+    result_free(&ra);
+    result_free(&rb);
+  }
+  rt_params_free(ps);
+  ir_graph_free(a);
+  ir_graph_free(b);
   free(tok);
   free(lab);
 }
@@ -385,10 +446,13 @@ int main(void) {
        8},
   };
   for (size_t i = 0; i < sizeof mxm / sizeof mxm[0]; i++) {
-    check_mxfp8(&mxm[i], "32", NULL);
-    check_mxfp8(&mxm[i], "32", "autodiff,mxfp8,dce");
+    check_mxfp8(&mxm[i], "32", "whole pipeline", NULL, &TOL_MX_ALL);
+    check_mxfp8(&mxm[i], "32", "expert GEMMs only", EXPERT_GEMMS_ONLY, &TOL_MX);
+    check_mxfp8(&mxm[i], "32", "naive + mxfp8", "autodiff,mxfp8,dce", &TOL_MX);
+    check_projections_exact(&mxm[i]);
   }
-  check_mxfp8(&mxm[0], "128", NULL);
+  check_mxfp8(&mxm[0], "128", "whole pipeline", NULL, &TOL_MX_ALL);
+  check_mxfp8(&mxm[0], "128", "expert GEMMs only", EXPERT_GEMMS_ONLY, &TOL_MX);
   if (failures) {
     printf("test_pass_equiv: %d failures\n", failures);
     return 1;

@@ -226,8 +226,9 @@ static void test_print_after_change(void) {
   ir_graph_free(g);
 }
 
-/* In the mxfp8 step only the expert GEMMs read MXFP8 values; router, embedding, norms,
- * attention, lm_head and the loss stay high precision. */
+/* In the mxfp8 step only the expert GEMMs and the attention projections' (one-group grouped
+ * GEMMs, mxfp8-projections) read MXFP8 values; router, embedding, norms, the attention op
+ * itself, lm_head and the loss stay high precision. */
 static void test_mxfp8_placement(void) {
   const moec_set sets[] = {{"hidden", "64"}, {"ffn", "96"}, {"seq", "16"}, {"batch", "2"}, {"precision", "mxfp8"}};
   ir_graph *g = moec_frontend_load("models/tiny.moe", sets, 5, stderr);
@@ -240,8 +241,8 @@ static void test_mxfp8_placement(void) {
     for (int j = 0; j < n->n_in; j++) {
       if (g->nodes[n->in[j]].op != OP_MXFP8_DEQUANTIZE) continue;
       readers++;
-      CHECK(n->op == OP_GROUPED_MLP || n->op == OP_GROUPED_MLP_BWD || n->op == OP_GROUPED_LINEAR_DGRAD ||
-                n->op == OP_GROUPED_LINEAR_WGRAD,
+      CHECK(n->op == OP_GROUPED_MLP || n->op == OP_GROUPED_MLP_BWD || n->op == OP_GROUPED_LINEAR ||
+                n->op == OP_GROUPED_LINEAR_DGRAD || n->op == OP_GROUPED_LINEAR_WGRAD,
             "%%%d (%s) reads an MXFP8 value", i, ir_ops[n->op].name);
     }
     if (n->op == OP_MXFP8_QUANTIZE) {
@@ -249,8 +250,9 @@ static void test_mxfp8_placement(void) {
       CHECK(src->op != OP_MXFP8_DEQUANTIZE, "%%%d quantizes a quantized value (not from the high-precision one)", i);
     }
   }
-  /* per layer: grouped_mlp 3, grouped_mlp_bwd 3, dgrad 2, wgrad 2 x 2 */
-  CHECK(readers == 2 * 12, "expected 24 MXFP8 operands, found %d", readers);
+  /* per layer: grouped_mlp 3, grouped_mlp_bwd 3, dgrad 2, wgrad 2 x 2; and 4 projections x
+     (forward 2, dgrad 2, wgrad 2) */
+  CHECK(readers == 2 * (12 + 24), "expected 72 MXFP8 operands, found %d", readers);
   ir_graph_free(g);
 }
 
