@@ -235,9 +235,17 @@ static void test_mxfp8_placement(void) {
   pipeline_opts o = {.dump = stdout, .train = 1};
   CHECK(g && pipeline_run(&g, &o, stdout) == 0, "mxfp8 step");
   if (!g) return;
-  int readers = 0;
+  int readers = 0, seed = -1, saved = 0;
+  for (int i = 0; i < g->n_nodes && seed < 0; i++)
+    if (g->nodes[i].op == OP_FILL && g->nodes[i].type.dtype == DT_F32) seed = i;
   for (int i = 0; i < g->n_nodes; i++) {
     const ir_node *n = &g->nodes[i];
+    /* the saved gate_up is quantized in the forward (so the forward keeps its e4m3 form, not
+       bf16), even with mxfp8-projections' i32 fills ahead of the loss seed */
+    if (n->op == OP_MXFP8_QUANTIZE && strstr(ir_get_str(n, "role", ""), "saved")) {
+      saved++;
+      CHECK(i < seed, "saved quantize %%%d comes after the loss seed %%%d (in the backward)", i, seed);
+    }
     for (int j = 0; j < n->n_in; j++) {
       if (g->nodes[n->in[j]].op != OP_MXFP8_DEQUANTIZE) continue;
       readers++;
@@ -253,6 +261,7 @@ static void test_mxfp8_placement(void) {
   /* per layer: grouped_mlp 3, grouped_mlp_bwd 3, dgrad 2, wgrad 2 x 2; and 4 projections x
      (forward 2, dgrad 2, wgrad 2) */
   CHECK(readers == 2 * (12 + 24), "expected 72 MXFP8 operands, found %d", readers);
+  CHECK(seed > 0 && saved == 2, "%d saved quantizes, want one a layer", saved);
   ir_graph_free(g);
 }
 
