@@ -413,6 +413,9 @@ static int shape_CROSS_ENTROPY(shape_ctx *c) {
 
 static int shape_FILL(shape_ctx *c) {
   if (!is_float(c->n->type.dtype) && c->n->type.dtype != DT_I32) return fail(c, "fills float or i32 tensors only");
+  double v = ir_get_float(c->n, "value", 0);
+  if (c->n->type.dtype == DT_I32 && !(v >= INT32_MIN && v <= INT32_MAX && v == (double)(int32_t)v))
+    return fail(c, "an i32 fill needs an integer value in i32's range, got %g", v);
   for (int i = 0; i < c->n->type.rank; i++)
     if (c->n->type.dims[i] < 0) return fail(c, "needs static sizes");
   *c->out = c->n->type;

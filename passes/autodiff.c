@@ -302,9 +302,9 @@ int pass_autodiff(ir_graph **gp, FILE *err) {
   ad_ctx c = {g, malloc((size_t)n_fwd * sizeof(int)), g->outputs[0], -1, err, 0};
   if (!c.grad) abort();
   for (int i = 0; i < n_fwd; i++) c.grad[i] = -1;
-  /* seed: d(loss)/d(loss) = 1 */
-  ir_attr one = ir_attr_float("value", 1.0);
-  c.grad[g->outputs[0]] = emit_typed(&c, OP_FILL, NULL, 0, &one, 1, g->nodes[g->outputs[0]].type);
+  /* seed: d(loss)/d(loss) = 1, marked (passes find the backward's start by it) */
+  ir_attr one[] = {ir_attr_float("value", 1.0), ir_attr_int("seed", 1)};
+  c.grad[g->outputs[0]] = emit_typed(&c, OP_FILL, NULL, 0, one, 2, g->nodes[g->outputs[0]].type);
   for (int id = n_fwd - 1; id >= 0 && !c.failed; id--) {
     if (c.grad[id] < 0) continue;
     c.id = id;

@@ -155,11 +155,11 @@ static int make_plan(plan *p, const ir_graph *g) {
   p->req = malloc(((size_t)total + 1) * sizeof *p->req);
   if (!p->req) return -1;
   for (int i = 0; i < total; i++) p->req[i] = -1;
-  /* the backward starts at the loss seed, the first float fill (autodiff emits it; an i32
-     fill is a one-group GEMM's row count, mxfp8-projections', in the forward) */
+  /* the backward starts at the loss seed, the fill autodiff marks {seed = 1} (other fills, such
+     as mxfp8-projections' row counts, sit in the forward) */
   p->bwd_start = n;
   for (int i = 0; i < n && p->bwd_start == n; i++)
-    if (g->nodes[i].op == OP_FILL && g->nodes[i].type.dtype != DT_I32) p->bwd_start = i;
+    if (g->nodes[i].op == OP_FILL && ir_get_int(&g->nodes[i], "seed", 0)) p->bwd_start = i;
   /* forward values computed from the experts' rows (not past the combine) */
   for (int i = 0; i < p->bwd_start; i++) {
     const ir_node *nd = &g->nodes[i];

@@ -40,6 +40,14 @@ int main(void) {
   CHECK(ir_add(g, OP_TOPK, (int[]){logits}, 1, (ir_attr[]){ir_attr_int("k", 17)}, 1, L) == -1 &&
             strstr(g->err, "k = 17 is more than the 16 experts"), "topk k>E: %s", g->err);
   CHECK(ir_add(g, OP_ADD, (int[]){x, 99}, 2, NULL, 0, L) == -1 && strstr(g->err, "not defined"), "undefined operand: %s", g->err);
+  /* an i32 fill (a one-group GEMM's row count) holds an integer in i32's range */
+  ir_graph *gf = ir_graph_new("fills");
+  ir_attr half = ir_attr_float("value", 2.5), big = ir_attr_float("value", 3e9), rows = ir_attr_float("value", 8);
+  CHECK(ir_add_typed(gf, OP_FILL, NULL, 0, &half, 1, ty(DT_I32, 1, 1, 0), L) == -1 && strstr(gf->err, "integer value"),
+        "i32 fill of 2.5: %s", gf->err);
+  CHECK(ir_add_typed(gf, OP_FILL, NULL, 0, &big, 1, ty(DT_I32, 1, 1, 0), L) == -1, "i32 fill of 3e9 accepted");
+  CHECK(ir_add_typed(gf, OP_FILL, NULL, 0, &rows, 1, ty(DT_I32, 1, 1, 0), L) >= 0, "i32 fill of 8: %s", gf->err);
+  ir_graph_free(gf);
   int unused = ir_add(g, OP_SILU, &x, 1, NULL, 0, L);
   int ce = ir_add(g, OP_CROSS_ENTROPY, (int[]){logits, labels}, 2, NULL, 0, L);
   CHECK(ce >= 0 && g->nodes[ce].type.rank == 0, "cross_entropy scalar");

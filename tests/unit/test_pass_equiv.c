@@ -30,9 +30,12 @@ typedef struct {
   int dense_only; /* the 90% are taken over the tensors outside the experts */
 } mx_tol;
 static const mx_tol TOL_MX = {2e-3, 0.10, 0.05, 0.15, 0};
-/* and on the attention projections too (mxfp8-projections): their FP8 noise reaches the
- * router, which sends more tokens elsewhere (single experts' gradients then differ by 30-65%
- * on l0_sanity), so the experts' bound is wider and the 90% go over the other tensors */
+/* and on the attention projections too (mxfp8-projections): their FP8 noise is in every
+ * later activation (lm_head's and the final norm's gradients, whose GEMMs stay bf16, move from
+ * 0.007 to 0.056 on tiny) and reaches the router, which sends more tokens elsewhere (single
+ * experts' gradients then differ by 30-65% on l0_sanity), so the bounds are wider (measured:
+ * loss 1.9e-3, experts 0.127, the rest 0.067, 90% outside the experts 0.123) and the 90% go over
+ * the tensors outside the experts; the run above (expert GEMMs only) keeps the tight ones */
 static const mx_tol TOL_MX_ALL = {4e-3, 0.15, 0.08, 0.15, 1};
 #define EXPERT_GEMMS_ONLY "group-linear,grouped-mlp,autodiff,fold-grad-cast,mxfp8,fuse-residual,dce"
 

@@ -237,7 +237,7 @@ static void test_mxfp8_placement(void) {
   if (!g) return;
   int readers = 0, seed = -1, saved = 0;
   for (int i = 0; i < g->n_nodes && seed < 0; i++)
-    if (g->nodes[i].op == OP_FILL && g->nodes[i].type.dtype == DT_F32) seed = i;
+    if (g->nodes[i].op == OP_FILL && ir_get_int(&g->nodes[i], "seed", 0)) seed = i;
   for (int i = 0; i < g->n_nodes; i++) {
     const ir_node *n = &g->nodes[i];
     /* the saved gate_up is quantized in the forward (so the forward keeps its e4m3 form, not
