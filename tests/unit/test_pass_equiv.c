@@ -336,6 +336,31 @@ static void check_mxfp8(const model *m, const char *block, const char *label, co
   free(lab);
 }
 
+/* Graph a's step against graph b's (bf16, same weights and tokens): loss, cross-entropy, norm
+ * and every gradient bit for bit. what names the change; note (printed) says what it did. */
+static void check_same_bits(const model *m, ir_graph *a, ir_graph *b, const char *what, const char *note) {
+  rt_params *ps = rt_params_new(b, 11);
+  int32_t *tok, *lab;
+  make_tokens(b, &tok, &lab);
+  step_result ra, rb;
+  if (run_step(a, ps, tok, lab, &ra) || run_step(b, ps, tok, lab, &rb)) {
+    CHECK(0, "%s: %s: bf16 step failed", m->name, what);
+  } else {
+    const char *worst;
+    double eg = compare(&ra, &rb, 1, &worst);
+    printf("%s (bf16): %s: %s (%d ops against %d); loss %.9g vs %.9g, norm %.9g vs %.9g, gradients differ by %.3g\n",
+           m->name, what, note, ra.n_ops, rb.n_ops, ra.out[0], rb.out[0], ra.norm, rb.norm, eg);
+    CHECK(ra.out[0] == rb.out[0] && ra.out[1] == rb.out[1] && ra.norm == rb.norm, "%s: %s changed the loss or norm",
+          m->name, what);
+    CHECK(eg == 0, "%s: %s changed the gradient of %s (%.3g)", m->name, what, worst, eg);
+    result_free(&ra);
+    result_free(&rb);
+  }
+  rt_params_free(ps);
+  free(tok);
+  free(lab);
+}
+
 /* mxfp8-projections' rewrite alone (run on a bf16 graph as if it were mxfp8): the one-group
  * grouped GEMMs give the loss, norm and every gradient of the linears they replace, bit for bit. */
 static int projections_forced(ir_graph **gp, FILE *err) {
@@ -347,41 +372,23 @@ static int projections_forced(ir_graph **gp, FILE *err) {
 }
 
 static void check_projections_exact(const model *m) {
-  const char *rest = "group-linear,grouped-mlp,autodiff,fold-grad-cast,fuse-residual,dce";
-  ir_graph *b = build(m, "bf16", rest), *a = build(m, "bf16", "group-linear,grouped-mlp");
+  ir_graph *b = build(m, "bf16", "group-linear,grouped-mlp,autodiff,fold-grad-cast,fuse-residual,dce"),
+           *a = build(m, "bf16", "group-linear,grouped-mlp");
   const pass_info forced[] = {{"mxfp8-projections", projections_forced, "forced", 1, 0}};
   pipeline_opts o = {.dump = stdout, .train = 1}, o_rest = {.passes = "autodiff,fold-grad-cast,fuse-residual,dce", .dump = stdout, .train = 1};
   if (!a || !b || pipeline_run_table(&a, forced, 1, &o, stderr) || pipeline_run(&a, &o_rest, stderr)) {
     CHECK(0, "%s: bf16 pipeline with the projections rewritten failed", m->name);
-    ir_graph_free(a);
-    ir_graph_free(b);
-    return;
-  }
-  int one_group = 0;
-  for (int i = 0; i < a->n_nodes; i++) one_group += a->nodes[i].op == OP_GROUPED_LINEAR && a->nodes[i].type.rank == 2 &&
-                                                    a->nodes[a->nodes[i].in[1]].type.dims[0] == 1;
-  rt_params *ps = rt_params_new(b, 11);
-  int32_t *tok, *lab;
-  make_tokens(b, &tok, &lab);
-  step_result ra, rb;
-  if (run_step(a, ps, tok, lab, &ra) || run_step(b, ps, tok, lab, &rb)) {
-    CHECK(0, "%s: step failed", m->name);
   } else {
-    const char *worst;
-    double eg = compare(&ra, &rb, 0, &worst);
-    printf("%s, mxfp8-projections in bf16: %d one-group GEMMs; loss %.9g vs %.9g, grads %.1e (%s)\n", m->name, one_group,
-           ra.out[0], rb.out[0], eg, worst);
+    int one_group = 0;
+    for (int i = 0; i < a->n_nodes; i++)
+      one_group += a->nodes[i].op == OP_GROUPED_LINEAR && a->nodes[a->nodes[i].in[1]].type.dims[0] == 1;
+    char note[64];
+    snprintf(note, sizeof note, "%d one-group GEMMs", one_group);
     CHECK(one_group == 4 * (int)a->cfg.layers, "%s: %d one-group projections, want 4 a layer", m->name, one_group);
-    CHECK(ra.out[0] == rb.out[0] && ra.norm == rb.norm, "%s: mxfp8-projections changes the bf16 loss or norm", m->name);
-    CHECK(eg == 0, "%s: mxfp8-projections changes the gradient of %s by %.3g", m->name, worst, eg);
-    result_free(&ra);
-    result_free(&rb);
+    check_same_bits(m, a, b, "mxfp8-projections", note);
   }
-  rt_params_free(ps);
   ir_graph_free(a);
   ir_graph_free(b);
-  free(tok);
-  free(lab);
 }
 
 /* fuse-residual in bf16 (where the fused ops' rounding before the add matters): the fused
@@ -391,35 +398,16 @@ static void check_fuse_residual_exact(const model *m) {
            *b = build(m, "bf16", "group-linear,grouped-mlp,autodiff,fold-grad-cast,dce");
   if (!a || !b) {
     CHECK(0, "%s: bf16 pipeline failed", m->name);
-    ir_graph_free(a);
-    ir_graph_free(b);
-    return;
-  }
-  int folded = 0;
-  for (int i = 0; i < a->n_nodes; i++) folded += ir_get_int(&a->nodes[i], "residual", 0) != 0;
-  rt_params *ps = rt_params_new(b, 11);
-  int32_t *tok, *lab;
-  make_tokens(b, &tok, &lab);
-  step_result ra, rb;
-  if (run_step(a, ps, tok, lab, &ra) || run_step(b, ps, tok, lab, &rb)) {
-    CHECK(0, "%s: bf16 step failed", m->name);
   } else {
-    const char *worst;
-    double eg = compare(&ra, &rb, 1, &worst);
-    printf("%s (bf16): fuse-residual folded %d adds (%d ops against %d); loss %.9g vs %.9g, norm %.9g vs %.9g, "
-           "gradients differ by %.3g\n", m->name, folded, ra.n_ops, rb.n_ops, ra.out[0], rb.out[0], ra.norm, rb.norm, eg);
+    int folded = 0;
+    for (int i = 0; i < a->n_nodes; i++) folded += ir_get_int(&a->nodes[i], "residual", 0) != 0;
+    char note[64];
+    snprintf(note, sizeof note, "folded %d adds", folded);
     CHECK(folded > 0, "%s: fuse-residual folded no add", m->name);
-    CHECK(ra.out[0] == rb.out[0] && ra.out[1] == rb.out[1] && ra.norm == rb.norm, "%s: fuse-residual changed the loss or norm",
-          m->name);
-    CHECK(eg == 0, "%s: fuse-residual changed the gradient of %s (%.3g)", m->name, worst, eg);
-    result_free(&ra);
-    result_free(&rb);
+    check_same_bits(m, a, b, "fuse-residual", note);
   }
-  rt_params_free(ps);
   ir_graph_free(a);
   ir_graph_free(b);
-  free(tok);
-  free(lab);
 }
 
 int main(void) {
