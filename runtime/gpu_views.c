@@ -5,14 +5,18 @@
 
 static int64_t cols(const ir_node *n) { return n->type.rank >= 2 ? n->type.dims[n->type.rank - 1] : 1; }
 
-/* A reader that can take a slice_cols' window in place: a cast (copy_cols converts the window)
- * or a rank-2 mxfp8_quantize along the rows that only writes values (qdq_cols) or stores them
- * packed (quantize_win). */
-static int reads_window(const ir_graph *g, const gpu_fp8_plan *fp8, int id) {
+/* A reader that can take a slice_cols' window in place: a cast (copy_cols converts the window),
+ * a rank-2 mxfp8_quantize along the rows that only writes values (qdq_cols) or stores them
+ * packed (quantize_win), or one that only packs a GEMM operand, rows (quantize_win) or expert
+ * columns (quantize_cols_experts_win): attention_bwd's dv under mxfp8-projections (with the
+ * column views: MOEC_COLS_VIEW=0 copies dq, dk and dv alike). */
+static int reads_window(const ir_graph *g, const gpu_fp8_plan *fp8, int cols_view, int id) {
   const ir_node *n = &g->nodes[id];
+  const int k = fp8->kind[id];
   if (n->op == OP_CAST) return 1;
-  return n->op == OP_MXFP8_QUANTIZE && n->n_in == 1 && (fp8->kind[id] == FP8_NONE || fp8->kind[id] == FP8_STORE) &&
-         n->type.rank == 2 && ir_get_int(n, "axis", 0) == 1;
+  if (n->op != OP_MXFP8_QUANTIZE || n->type.rank != 2) return 0;
+  if (n->n_in == 1 && (k == FP8_NONE || k == FP8_STORE) && ir_get_int(n, "axis", 0) == 1) return 1;
+  return cols_view && !fp8->values[id] && ((k == FP8_ROWS && n->n_in == 1) || k == FP8_COLS);
 }
 
 /* A reader that can take a cast view's input in place: a quantize that only packs (rows along
@@ -133,7 +137,7 @@ void gpu_views_plan(const ir_graph *g, const gpu_fp8_plan *fp8, int blas, int ga
       int v = g->nodes[id].in[j];
       /* grouped_mlp_bwd reads its saved gate_up (input 1) with a row stride, expert_unpermute its
          rows (input 0: grouped_mlp's y) */
-      int window_ok = reads_window(g, fp8, id) || (j == 1 && mlp_bwd_on_blas(g, fp8, blas, id)) ||
+      int window_ok = reads_window(g, fp8, cols_view, id) || (j == 1 && mlp_bwd_on_blas(g, fp8, blas, id)) ||
                       (j == 0 && g->nodes[id].op == OP_EXPERT_UNPERMUTE);
       /* rope (input 0) and matmul take a row stride (VIEW_COLS) */
       const int op = g->nodes[id].op, cols_ok = (op == OP_ROPE && j == 0) || op == OP_MATMUL;

@@ -364,7 +364,8 @@ int main(void) {
      quantizing its dg | du (VIEW_SPLIT_Q), each against its switch off */
   failed += view_exact("models/tiny.moe", tiny8t, 3, "MOEC_GATHER", VIEW_GATHER, "VIEW_GATHER");
   failed += view_exact("models/tiny.moe", tiny8t, 3, "MOEC_SPLIT_Q", VIEW_SPLIT_Q, "VIEW_SPLIT_Q");
-  /* attention_bwd's dq | dk | dv read in place by the inverse ropes and the GEMMs (VIEW_COLS) */
+  /* attention_bwd's dq | dk read in place by the inverse ropes (VIEW_COLS), and dv by the v
+     projection's FP8 quantizes (a window; MOEC_COLS_VIEW=0 copies it too) */
   failed += view_exact("models/tiny.moe", tiny8t, 3, "MOEC_COLS_VIEW", VIEW_COLS, "VIEW_COLS");
   /* grouped_mlp's saved gate_up quantized from its act quantize's loads (MOEC_ACT_STORE=1, off by
      default) */
