@@ -61,6 +61,8 @@
 #   fp8tilembcp  fp8tilemb with MOEC_SQUARES=0 (bf16 moments, the copies quantized each step) [100 s]
 #   fp8tilemb, og2tilemb  fp8tile / og2tile with adamw(moments = bf16), reusing their peers [100 / 150 s]
 #   fp8tilenp  fp8tile with FP8 on the expert GEMMs only (attention projections bf16); og2tilenp: og2tile [100/200 s]
+#            (neither runs fuse-gemm-add, the q, k and v dgrads' adds folded into their GEMMs)
+#   fp8tilega, og2tilega  fp8tilenp / og2tilenp with fuse-gemm-add, reusing their peers     [100/150 s]
 #   fp8tileas  fp8tile with MOEC_ACT_STORE=1 (the saved gate_up quantized in the act quantize's kernel) [100 s]
 #   genosbf  genos_1b bf16 (the default pipeline), reusing the peer of fp8tile/fp8peer/genos [100 s]
 #   og2bf    og2_8x1b bf16, reusing the peer of og2tile/og2fp8/og2                 [150 s]
@@ -123,11 +125,13 @@ L=$OUT/logs
 mkdir -p "$L"
 exec > >(tee -a "$OUT/session.log") 2>&1
 export LD_LIBRARY_PATH=$C/gpu-libs:/usr/local/cuda/lib64 MOEC_CACHE=${MOEC_CACHE:-/tmp/mc} NCCL_NVLS_ENABLE=0
-FUSED=--passes=lower,group-linear,grouped-mlp,autodiff,fold-grad-cast,fuse-residual,dce
-FUSED_MX=--passes=lower,group-linear,grouped-mlp,mxfp8-projections,autodiff,fold-grad-cast,mxfp8,fuse-residual,dce
+FUSED=--passes=lower,group-linear,grouped-mlp,autodiff,fold-grad-cast,fuse-residual,fuse-gemm-add,dce
+FUSED_MX=--passes=lower,group-linear,grouped-mlp,mxfp8-projections,autodiff,fold-grad-cast,mxfp8,fuse-residual,fuse-gemm-add,dce
 FUSED_MX_NR=--passes=lower,group-linear,grouped-mlp,mxfp8-projections,autodiff,fold-grad-cast,mxfp8,dce
 # FP8 on the expert GEMMs only (the attention projections in bf16): before mxfp8-projections
+# (and without fuse-gemm-add, as measured before it; _GA: with it)
 FUSED_MX_EXPERTS=--passes=lower,group-linear,grouped-mlp,autodiff,fold-grad-cast,mxfp8,fuse-residual,dce
+FUSED_MX_EXPERTS_GA=--passes=lower,group-linear,grouped-mlp,autodiff,fold-grad-cast,mxfp8,fuse-residual,fuse-gemm-add,dce
 bench() { env MOEC=$C/moec PEER=$C/hf_mixtral_bench.py STEPS=${STEPS:-8} "$@"; }
 peer_from() { mkdir -p "$2" && cp "$1"/peer_*.out "$2"/ 2>/dev/null; }
 # ncu's sections for the first COUNT launches of kernels matching REGEX in bench_grouped_gemm,
@@ -236,6 +240,10 @@ for part in "${parts[@]}"; do
     m=genos_1b d=fp8tile && [ $part = og2tilenp ] && m=og2_8x1b d=og2tile
     peer_from "$L/$d" "$L/$part"
     bench LOGDIR=$L/$part PEER_SKIP=1 PRECISION='mxfp8(block=128,weight_tile=128)' MOEC_ARGS=$FUSED_MX_EXPERTS timeout 200 bash bench/run_bench.sh $m ;;
+  fp8tilega | og2tilega) # fp8tilenp / og2tilenp with fuse-gemm-add, beside them
+    m=genos_1b d=fp8tilenp && [ $part = og2tilega ] && m=og2_8x1b d=og2tilenp
+    peer_from "$L/$d" "$L/$part"
+    bench LOGDIR=$L/$part PEER_SKIP=1 PRECISION='mxfp8(block=128,weight_tile=128)' MOEC_ARGS=$FUSED_MX_EXPERTS_GA timeout 200 bash bench/run_bench.sh $m ;;
   fp8tileas) # the saved gate_up quantized in the act quantize's kernel (MOEC_ACT_STORE=1), beside fp8tile
     peer_from "$L/fp8tile" "$L/$part"
     bench LOGDIR=$L/$part PEER_SKIP=1 MOEC_ACT_STORE=1 PRECISION='mxfp8(block=128,weight_tile=128)' MOEC_ARGS=$FUSED_MX timeout 150 bash bench/run_bench.sh genos_1b ;;

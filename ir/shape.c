@@ -430,6 +430,9 @@ static int shape_MATMUL(shape_ctx *c) {
   if (k != k2) return fail(c, "inner sizes differ (%lld vs %lld)", (long long)k, (long long)k2);
   const char *out = ir_get_str(c->n, "out", "");
   *c->out = make(strcmp(out, "f32") == 0 ? DT_F32 : a->dtype, 2, m, n);
+  const int acc = ir_get_int(c->n, "accumulate", 0) != 0;
+  if (acc != (c->n->n_in == 3)) return fail(c, "an addend c goes with accumulate=1, and accumulate=1 with an addend");
+  if (acc && !ir_type_equal(OPERAND(c, 2), c->out)) return fail(c, "the addend c must have the result's type");
   return 0;
 }
 

@@ -20,6 +20,7 @@ static const pass_info passes[] = {
     {"fold-grad-cast", pass_fold_grad_cast, "grad_norm and adamw read bf16 gradients directly (no f32 copy; exact)", 1, 1},
     {"mxfp8", pass_mxfp8, "MXFP8 quantize ops on grouped GEMM operands (experts, projections) and saved activations (precision mxfp8)", 1, 0},
     {"fuse-residual", pass_fuse_residual, "residual adds folded into the unpermute or norm gradient making a term (exact)", 1, 0},
+    {"fuse-gemm-add", pass_fuse_gemm_add, "adds of a GEMM's result folded into the GEMM as its accumulator (one rounding)", 1, 0},
     {"dce", pass_dce, "remove ops whose results reach no output", 1, 0},
 };
 

@@ -62,6 +62,7 @@ int pass_sync(ir_graph **g, FILE *err);
 int pass_fold_grad_cast(ir_graph **g, FILE *err);
 int pass_mxfp8(ir_graph **g, FILE *err);
 int pass_fuse_residual(ir_graph **g, FILE *err);
+int pass_fuse_gemm_add(ir_graph **g, FILE *err);
 int pass_dce(ir_graph **g, FILE *err);
 
 /* Linear weights are stored [in, out]; Hugging Face checkpoints hold [out, in]. 1 when param

@@ -501,6 +501,8 @@ static int exec_MATMUL(ex *x, int id) {
   if ((tb ? bc : br) != k) return fail(x, id, "inner sizes differ at run time (%lld vs %lld)", (long long)k, (long long)(tb ? bc : br));
   if (alloc_out(x, id, m, 0)) return -1;
   ck_matmul(a->f, b->f, x->val[id].f, m, k, n, ta, tb, 0.0f);
+  if (N(id)->n_in == 3) /* fuse-gemm-add's addend: product + c in f32, rounded once by the caller */
+    ck_add_fwd(x->val[id].f, IN(id, 2)->f, x->val[id].f, x->val[id].numel);
   return 0;
 }
 

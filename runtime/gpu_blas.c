@@ -170,14 +170,15 @@ enum { TUNE_CANDIDATES = 8, TUNE_REPS = 3 };
 typedef struct {
   void *desc, *la, *lb, *lc;
   const void *a, *b; /* cuBLASLt's first and second operands (our B and A) */
-  void *c;
+  void *c;            /* D, the result */
+  const void *c_in;   /* C, the addend read with beta: c itself (in place) or another buffer */
   float alpha, beta;
 } lt_call;
 
 static int run_algo(gpu_blas *b, const lt_call *c, const gpu_blas_algo *algo) {
   const double t0 = gpu_clock_s();
   const int l = b->lane;
-  int st = b->api->Matmul(b->handle, c->desc, &c->alpha, c->a, c->la, c->b, c->lb, &c->beta, c->c, c->lc, c->c, c->lc,
+  int st = b->api->Matmul(b->handle, c->desc, &c->alpha, c->a, c->la, c->b, c->lb, &c->beta, c->c_in, c->lc, c->c, c->lc,
                           algo, (void *)(uintptr_t)(l >= 0 ? b->lane_ws[l] : b->workspace), b->workspace_bytes,
                           l >= 0 ? b->lane_stream[l] : gpu_stream(b->g));
   gpu_note_issue(b->g, t0);
@@ -198,13 +199,13 @@ static float time_algo(gpu_blas *b, const lt_call *c, const gpu_blas_algo *algo,
 }
 
 /* The algorithm for this problem into cache entry e under key: the heuristic's first, or with
- * tuning (only where beta == 0, so that trial runs leave C as the real call will) the fastest
+ * tuning (only where beta == 0 or C is not D, so that trial runs leave C as the real call will) the fastest
  * of its candidates measured on the call's own operands. */
 static int pick_algo(gpu_blas *b, const lt_call *c, algo_entry *e, const int64_t *key, size_t key_bytes,
                      const int64_t mnk[3]) {
   void *pref = NULL;
   gpu_blas_heuristic res[TUNE_CANDIDATES];
-  int found = 0, tune = env_int("MOEC_GEMM_TUNE", !gpu_deterministic()) && c->beta == 0.0f;
+  int found = 0, tune = env_int("MOEC_GEMM_TUNE", !gpu_deterministic()) && (c->beta == 0.0f || c->c_in != c->c);
   if (b->api->MatmulPreferenceCreate(&pref) != 0) return -1;
   uint64_t ws = b->workspace_bytes;
   b->api->MatmulPreferenceSetAttribute(pref, PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
@@ -295,8 +296,9 @@ static int finish(gpu_blas *b, int rc, void *desc, void *la, void *lb, void *lc,
   return rc;
 }
 
-int gpu_gemm(gpu_blas *b, int64_t m, int64_t n, int64_t k, float alpha, const gpu_mat *A, const gpu_mat *B,
-             float beta, const gpu_mat *C, int batch, char *err, size_t errlen) {
+/* D = alpha op(A) op(B) + beta C_in, where C_in is D's buffer or another of D's layout. */
+static int gemm_into(gpu_blas *b, int64_t m, int64_t n, int64_t k, float alpha, const gpu_mat *A, const gpu_mat *B,
+                     float beta, gpu_ptr c_in, const gpu_mat *C, int batch, char *err, size_t errlen) {
   err[0] = 0;
   if (m == 0 || n == 0) return 0;
   if (A->dtype != B->dtype || (C->dtype != CG_DT_F32 && C->dtype != A->dtype)) {
@@ -324,7 +326,7 @@ int gpu_gemm(gpu_blas *b, int64_t m, int64_t n, int64_t k, float alpha, const gp
   int64_t key[12] = {pow2_at_least(m), n,     pow2_at_least(k), A->dtype, C->dtype, A->trans,
                      B->trans,         A->ld, B->ld,            C->ld,    batch,    beta != 0};
   lt_call call = {desc, la, lb, lc, (const void *)(uintptr_t)B->p, (const void *)(uintptr_t)A->p,
-                  (void *)(uintptr_t)C->p, alpha, beta};
+                  (void *)(uintptr_t)C->p, (const void *)(uintptr_t)c_in, alpha, beta};
   const int64_t mnk[3] = {m, n, k};
   char what[64];
   snprintf(what, sizeof what, "%s GEMM", cg_dtype_name(A->dtype));
@@ -332,6 +334,16 @@ int gpu_gemm(gpu_blas *b, int64_t m, int64_t n, int64_t k, float alpha, const gp
   rc = 0;
 done:
   return finish(b, rc, desc, la, lb, lc, "cuBLASLt setup failed", err, errlen);
+}
+
+int gpu_gemm(gpu_blas *b, int64_t m, int64_t n, int64_t k, float alpha, const gpu_mat *A, const gpu_mat *B,
+             float beta, const gpu_mat *C, int batch, char *err, size_t errlen) {
+  return gemm_into(b, m, n, k, alpha, A, B, beta, C->p, C, batch, err, errlen);
+}
+
+int gpu_gemm_add(gpu_blas *b, int64_t m, int64_t n, int64_t k, const gpu_mat *A, const gpu_mat *B, gpu_ptr addend,
+                 const gpu_mat *C, char *err, size_t errlen) {
+  return gemm_into(b, m, n, k, 1.0f, A, B, 1.0f, addend, C, 1, err, errlen);
 }
 
 int gpu_gemm_fp8(gpu_blas *b, int64_t m, int64_t n, int64_t k, gpu_ptr A, gpu_ptr sa, gpu_ptr B, gpu_ptr sb,
@@ -377,7 +389,7 @@ int gpu_gemm_fp8_blocks(gpu_blas *b, int64_t m, int64_t n, int64_t k, gpu_ptr A,
     int64_t kb = pow2_at_least(k),
             key[12] = {pow2_at_least(m), n, kb, 1000 /* fp8 */, C->dtype, b_blocks, 1, kb, kb, C->ld, 1, 0};
     lt_call call = {desc, la, lb, lc, (const void *)(uintptr_t)B, (const void *)(uintptr_t)A, (void *)(uintptr_t)C->p,
-                    1.0f, 0.0f};
+                    (const void *)(uintptr_t)C->p, 1.0f, 0.0f};
     const int64_t mnk[3] = {m, n, k};
     if (run_cached(b, &call, key, mnk, 1, b_blocks ? "fp8 GEMM with 1x128 x 128x128 block scales" : "fp8 GEMM with 1x128 block scales",
                    err, errlen) != 0)

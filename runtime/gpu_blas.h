@@ -82,6 +82,10 @@ typedef struct {
  * share a dtype (bf16 or f32); C is f32 or A's dtype. 0, or -1 with a message in err. */
 int gpu_gemm(gpu_blas *b, int64_t m, int64_t n, int64_t k, float alpha, const gpu_mat *A, const gpu_mat *B,
              float beta, const gpu_mat *C, int batch, char *err, size_t errlen);
+/* C (m, n) = op(A) . op(B) + addend, the sum in f32 rounded once to C's dtype; addend a buffer
+ * of C's dtype and layout, not C's (fuse-gemm-add's accumulating matmul). */
+int gpu_gemm_add(gpu_blas *b, int64_t m, int64_t n, int64_t k, const gpu_mat *A, const gpu_mat *B, gpu_ptr addend,
+                 const gpu_mat *C, char *err, size_t errlen);
 /* FP8 with one f32 scale per 128 of k (cuBLASLt VEC128_32F, Hopper and newer): C (m, n),
  * bf16 or f32 row-major = A (m, k) . B (n, k)^T, A and B E4M3 row-major (k-major, as
  * rt_cuda_mxfp8_quantize writes them), sa (k/128, m) and sb (k/128, n) f32 with m and n

@@ -274,7 +274,8 @@ static int stack_experts(gx *x, int id, routing *r, int first, gpu_ptr *out, siz
 }
 
 /* ---- GEMM ---- */
-static int gemm(gx *x, int id, int64_t m, int64_t n, int64_t k, int a, int ta, int b, int tb, int c) {
+/* c (m, n) = op(a) . op(b) [+ addend, a value of c's type and layout: fuse-gemm-add; -1 for none] */
+static int gemm(gx *x, int id, int64_t m, int64_t n, int64_t k, int a, int ta, int b, int tb, int c, int addend) {
   gpu_mat A = {DT(x, a), x->val[a].p, INCOLS(id, 0), 0, ta};
   gpu_mat B = {DT(x, b), x->val[b].p, COLS(b), 0, tb};
   gpu_mat C = {DT(x, c), x->val[c].p, COLS(c), 0, 0};
@@ -283,9 +284,14 @@ static int gemm(gx *x, int id, int64_t m, int64_t n, int64_t k, int a, int ta, i
   /* f32 of at most CG_NARROW columns (the router's logits and the gate's gradient): one read of
      the wide operand, where cuBLASLt ran SIMT sgemm tiles (0.024 / 0.027 ms a call against
      0.048 / 0.035 at genos_1b's shapes on the H200) */
-  if (!x->narrow_off && A.dtype == CG_DT_F32 && B.dtype == CG_DT_F32 && C.dtype == CG_DT_F32 && rt_cuda_narrow_ok(m, n, k))
+  if (addend < 0 && !x->narrow_off && A.dtype == CG_DT_F32 && B.dtype == CG_DT_F32 && C.dtype == CG_DT_F32 &&
+      rt_cuda_narrow_ok(m, n, k))
     return ck(x, id, rt_cuda_narrow_gemm(KX, m, n, k, A.p, A.ld, ta, B.p, B.ld, tb, C.p, C.ld));
   char e[512];
+  if (addend >= 0) {
+    if (x->val[addend].ld && x->val[addend].ld != C.ld) return fail(x, id, "the addend is a window of another width");
+    return gpu_gemm_add(x->rt->blas, m, n, k, &A, &B, x->val[addend].p, &C, e, sizeof e) ? fail(x, id, "%s", e) : 0;
+  }
   return gpu_gemm(x->rt->blas, m, n, k, 1.0f, &A, &B, 0.0f, &C, 1, e, sizeof e) ? fail(x, id, "%s", e) : 0;
 }
 
@@ -376,7 +382,7 @@ static int exec_LINEAR(gx *x, int id) {
   if (N(id)->n_in == 3) return fail(x, id, "linear with a bias is not on the GPU yet; use bias = false");
   const dev_value *a = V(id, 0);
   if (alloc_out(x, id, a->rows, 0)) return -1;
-  return gemm(x, id, a->rows, COLS(id), INCOLS(id, 0), N(id)->in[0], 0, N(id)->in[1], 0, id);
+  return gemm(x, id, a->rows, COLS(id), INCOLS(id, 0), N(id)->in[0], 0, N(id)->in[1], 0, id, -1);
 }
 
 static int exec_ROPE(gx *x, int id) {
@@ -713,8 +719,12 @@ static int exec_MATMUL(gx *x, int id) {
   int64_t m = ta ? ac : ar, k = ta ? ar : ac, n = tb ? br : bc;
   if ((tb ? bc : br) != k) return fail(x, id, "inner sizes differ at run time");
   if (alloc_out(x, id, m, k == 0)) return -1;
-  if (k == 0) return 0; /* an expert with no rows: its weight gradient is zero */
-  return gemm(x, id, m, n, k, a, ta, b, tb, id);
+  const int addend = N(id)->n_in == 3 ? N(id)->in[2] : -1; /* fuse-gemm-add */
+  if (k == 0) /* an expert with no rows: its weight gradient is zero (or the addend) */
+    return addend < 0 || gpu_copy(x->rt->g, x->val[id].p, x->val[addend].p, (size_t)x->val[id].numel * dsize(N(id)->type.dtype)) == 0
+               ? 0
+               : fail(x, id, "%s", gpu_error(x->rt->g));
+  return gemm(x, id, m, n, k, a, ta, b, tb, id, addend);
 }
 
 static int exec_COLSUM(gx *x, int id) {

@@ -139,8 +139,8 @@ void gpu_views_plan(const ir_graph *g, const gpu_fp8_plan *fp8, int blas, int ga
          rows (input 0: grouped_mlp's y) */
       int window_ok = reads_window(g, fp8, cols_view, id) || (j == 1 && mlp_bwd_on_blas(g, fp8, blas, id)) ||
                       (j == 0 && g->nodes[id].op == OP_EXPERT_UNPERMUTE);
-      /* rope (input 0) and matmul take a row stride (VIEW_COLS) */
-      const int op = g->nodes[id].op, cols_ok = (op == OP_ROPE && j == 0) || op == OP_MATMUL;
+      /* rope (input 0) and matmul (its operands, not fuse-gemm-add's addend) take a row stride (VIEW_COLS) */
+      const int op = g->nodes[id].op, cols_ok = (op == OP_ROPE && j == 0) || (op == OP_MATMUL && j < 2);
       if ((view[v] == VIEW_WINDOW || view[v] == VIEW_COLS) && !cols_ok && not_cols) not_cols[v] = 1;
       if (view[v] == VIEW_WINDOW && !window_ok) view[v] = VIEW_COLS; /* (decided below) */
       if (view[v] == VIEW_CAST && !reads_cast(g, fp8, id)) view[v] = VIEW_NONE;

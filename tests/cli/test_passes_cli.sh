@@ -59,7 +59,7 @@ grep -q ' = dispatch(' "$tmp/naive.mir" && ! grep -q grouped "$tmp/naive.mir" ||
 for p in group-linear grouped-mlp autodiff mxfp8 dce total; do grep -q "^  $p " "$tmp/timing" || fail "--pass-timing: no $p line"; done
 # --dump-dir: numbered by place in the pipeline; golden against tests/golden/tiny
 "$MOEC" dump models/tiny.moe --train --set precision=mxfp8 --dump-dir="$tmp/dd" >/dev/null || fail "--dump-dir"
-for f in 00-after-lower 01-after-group-linear 02-after-grouped-mlp 03-after-parallelize 04-after-mxfp8-projections 05-after-autodiff 06-after-sync 07-after-fold-grad-cast 08-after-mxfp8 09-after-fuse-residual 10-after-dce; do
+for f in 00-after-lower 01-after-group-linear 02-after-grouped-mlp 03-after-parallelize 04-after-mxfp8-projections 05-after-autodiff 06-after-sync 07-after-fold-grad-cast 08-after-mxfp8 09-after-fuse-residual 10-after-fuse-gemm-add 11-after-dce; do
   [ -f "$tmp/dd/$f.mir" ] || fail "--dump-dir: no $f.mir"
   diff -u "tests/golden/tiny/$f.mir" "$tmp/dd/$f.mir" >"$tmp/diff" ||
     { head -40 "$tmp/diff"; fail "$f.mir differs from tests/golden/tiny (if intended: tests/golden/update.sh)"; }

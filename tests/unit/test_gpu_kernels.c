@@ -796,6 +796,24 @@ static void test_gemm(void) {
       free(a), free(b), free(want), free(got);
       dfree_all();
     }
+  /* an addend (fuse-gemm-add): bf16 C = A B^T + addend, the f32 sum rounded once; the addend,
+     a separate buffer, is left as it was */
+  {
+    float *a = rnd(m * k, -1, 1, CG_DT_BF16), *b = rnd(n * k, -1, 1, CG_DT_BF16), *c = rnd(m * n, -4, 4, CG_DT_BF16);
+    float *want = falloc(m * n), *got = falloc(m * n), *c_after = falloc(m * n);
+    gemm_nt_ref(a, b, m, n, k, want);
+    for (int64_t i = 0; i < m * n; i++) want[i] += c[i];
+    gpu_mat A = {CG_DT_BF16, up_f(a, m * k, CG_DT_BF16), k, 0, 0}, B = {CG_DT_BF16, up_f(b, n * k, CG_DT_BF16), k, 0, 1};
+    gpu_mat C = {CG_DT_BF16, dmalloc((size_t)(m * n) * 2), n, 0, 0};
+    gpu_ptr addend = up_f(c, m * n, CG_DT_BF16);
+    CHECK(gpu_gemm_add(bl, m, n, k, &A, &B, addend, &C, err, sizeof err) == 0, "gemm_add: %s", err);
+    get_f(got, C.p, m * n, CG_DT_BF16);
+    get_f(c_after, addend, m * n, CG_DT_BF16);
+    cmp("gemm NT bf16 + addend -> bf16", got, want, m * n, CG_DT_BF16, 1e-5, 1e-5 * maxabs(want, m * n));
+    cmp("gemm's addend unchanged", c_after, c, m * n, CG_DT_BF16, -1, 0);
+    free(a), free(b), free(c), free(want), free(got), free(c_after);
+    dfree_all();
+  }
   /* 48 shape classes as a step has them: (m, n, k) from powers of two, three layouts */
   const int64_t big = 2048;
   gpu_ptr x = dmalloc((size_t)(big * big) * 2), y = dmalloc((size_t)(big * big) * 2), z = dmalloc((size_t)(big * big) * 4);
