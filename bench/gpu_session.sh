@@ -60,9 +60,10 @@
 #            each step instead of AdamW writing their squares), reusing fp8tile's peer   [100 s]
 #   fp8tilembcp  fp8tilemb with MOEC_SQUARES=0 (bf16 moments, the copies quantized each step) [100 s]
 #   fp8tilemb, og2tilemb  fp8tile / og2tile with adamw(moments = bf16), reusing their peers [100 / 150 s]
-#   fp8tilenp  fp8tile with FP8 on the expert GEMMs only (attention projections bf16); og2tilenp: og2tile [100/200 s]
-#            (neither runs fuse-gemm-add, the q, k and v dgrads' adds folded into their GEMMs)
-#   fp8tilega, og2tilega  fp8tilenp / og2tilenp with fuse-gemm-add, reusing their peers     [100/150 s]
+#   fp8tilepj, og2tilepj  fp8tile / og2tile with the attention projections in FP8 too (mxfp8-projections;
+#            fp8tile was that until 2026-12-07, seventh session; fp8tilenp then ran the experts-only line) [100/200 s]
+#   fp8tilenga, og2tilenga  fp8tile / og2tile without fuse-gemm-add (the q, k and v dgrads' adds
+#            as separate kernels; fp8tilenp until 2026-12-07), reusing their peers        [100/200 s]
 #   fp8tileas  fp8tile with MOEC_ACT_STORE=1 (the saved gate_up quantized in the act quantize's kernel) [100 s]
 #   genosbf  genos_1b bf16 (the default pipeline), reusing the peer of fp8tile/fp8peer/genos [100 s]
 #   og2bf    og2_8x1b bf16, reusing the peer of og2tile/og2fp8/og2                 [150 s]
@@ -105,7 +106,7 @@
 #            MOEC_COMM_TIMEOUT (30 s here), and moec launch exit non-zero (needs 2 GPUs) [120 s]
 # training
 #   chr20    l0_sanity on human chr20, STEPS20 (2000) steps: bf16 (naive and fused pipelines)
-#            and mxfp8(block=128) (all GEMMs, and the expert GEMMs only), side by side on the GPU; final validation losses [300 s]
+#            and mxfp8(block=128) (the expert GEMMs in FP8, and the attention projections too), side by side on the GPU; final validation losses [300 s]
 # The chr20 and determinism parts read $C/chr20.fa.gz if the carry has it (scripts/fetch_data.sh,
 # 18 MB), else the bundled slice. Everything is written to $OUT as it runs (session.log, and the
 # logs of each part under $OUT/logs), so a call cut short still brings back what it did; only
@@ -126,12 +127,14 @@ mkdir -p "$L"
 exec > >(tee -a "$OUT/session.log") 2>&1
 export LD_LIBRARY_PATH=$C/gpu-libs:/usr/local/cuda/lib64 MOEC_CACHE=${MOEC_CACHE:-/tmp/mc} NCCL_NVLS_ENABLE=0
 FUSED=--passes=lower,group-linear,grouped-mlp,autodiff,fold-grad-cast,fuse-residual,fuse-gemm-add,dce
-FUSED_MX=--passes=lower,group-linear,grouped-mlp,mxfp8-projections,autodiff,fold-grad-cast,mxfp8,fuse-residual,fuse-gemm-add,dce
-FUSED_MX_NR=--passes=lower,group-linear,grouped-mlp,mxfp8-projections,autodiff,fold-grad-cast,mxfp8,dce
-# FP8 on the expert GEMMs only (the attention projections in bf16): before mxfp8-projections
-# (and without fuse-gemm-add, as measured before it; _GA: with it)
-FUSED_MX_EXPERTS=--passes=lower,group-linear,grouped-mlp,autodiff,fold-grad-cast,mxfp8,fuse-residual,dce
-FUSED_MX_EXPERTS_GA=--passes=lower,group-linear,grouped-mlp,autodiff,fold-grad-cast,mxfp8,fuse-residual,fuse-gemm-add,dce
+# mxfp8 as recommended since 2026-12-07 (seventh session): FP8 on the expert GEMMs, the attention
+# projections in bf16 (FP8 projections measured slower on an H100) and their dgrads summed in
+# the GEMMs (fuse-gemm-add). _PROJ: the projections in FP8 too (fp8tile until then);
+# _NOGA: without fuse-gemm-add; _NR: without fuse-residual.
+FUSED_MX=--passes=lower,group-linear,grouped-mlp,autodiff,fold-grad-cast,mxfp8,fuse-residual,fuse-gemm-add,dce
+FUSED_MX_PROJ=--passes=lower,group-linear,grouped-mlp,mxfp8-projections,autodiff,fold-grad-cast,mxfp8,fuse-residual,fuse-gemm-add,dce
+FUSED_MX_NOGA=--passes=lower,group-linear,grouped-mlp,autodiff,fold-grad-cast,mxfp8,fuse-residual,dce
+FUSED_MX_NR=--passes=lower,group-linear,grouped-mlp,autodiff,fold-grad-cast,mxfp8,fuse-gemm-add,dce
 bench() { env MOEC=$C/moec PEER=$C/hf_mixtral_bench.py STEPS=${STEPS:-8} "$@"; }
 peer_from() { mkdir -p "$2" && cp "$1"/peer_*.out "$2"/ 2>/dev/null; }
 # ncu's sections for the first COUNT launches of kernels matching REGEX in bench_grouped_gemm,
@@ -236,14 +239,11 @@ for part in "${parts[@]}"; do
   fp8tile2|fp8tile4)
     peer_from "$L/fp8tile" "$L/$part"
     bench LOGDIR=$L/$part PEER_SKIP=1 MOEC_GEMM_STREAMS=${part#fp8tile} PRECISION='mxfp8(block=128,weight_tile=128)' MOEC_ARGS=$FUSED_MX timeout 150 bash bench/run_bench.sh genos_1b ;;
-  fp8tilenp | og2tilenp) # FP8 on the expert GEMMs only (the attention projections in bf16), beside fp8tile / og2tile
-    m=genos_1b d=fp8tile && [ $part = og2tilenp ] && m=og2_8x1b d=og2tile
+  fp8tilepj | og2tilepj | fp8tilenga | og2tilenga) # fp8tile / og2tile with the projections in FP8, or without fuse-gemm-add
+    m=genos_1b d=fp8tile && [ ${part#og2} != $part ] && m=og2_8x1b d=og2tile
+    a=$FUSED_MX_PROJ && [ ${part%nga} != $part ] && a=$FUSED_MX_NOGA
     peer_from "$L/$d" "$L/$part"
-    bench LOGDIR=$L/$part PEER_SKIP=1 PRECISION='mxfp8(block=128,weight_tile=128)' MOEC_ARGS=$FUSED_MX_EXPERTS timeout 200 bash bench/run_bench.sh $m ;;
-  fp8tilega | og2tilega) # fp8tilenp / og2tilenp with fuse-gemm-add, beside them
-    m=genos_1b d=fp8tilenp && [ $part = og2tilega ] && m=og2_8x1b d=og2tilenp
-    peer_from "$L/$d" "$L/$part"
-    bench LOGDIR=$L/$part PEER_SKIP=1 PRECISION='mxfp8(block=128,weight_tile=128)' MOEC_ARGS=$FUSED_MX_EXPERTS_GA timeout 200 bash bench/run_bench.sh $m ;;
+    bench LOGDIR=$L/$part PEER_SKIP=1 PRECISION='mxfp8(block=128,weight_tile=128)' MOEC_ARGS=$a timeout 200 bash bench/run_bench.sh $m ;;
   fp8tileas) # the saved gate_up quantized in the act quantize's kernel (MOEC_ACT_STORE=1), beside fp8tile
     peer_from "$L/fp8tile" "$L/$part"
     bench LOGDIR=$L/$part PEER_SKIP=1 MOEC_ACT_STORE=1 PRECISION='mxfp8(block=128,weight_tile=128)' MOEC_ARGS=$FUSED_MX timeout 150 bash bench/run_bench.sh genos_1b ;;
@@ -392,27 +392,27 @@ for part in "${parts[@]}"; do
     [ -f "$D" ] || D=data/chr20_slice.fa.gz
     echo "genome $D, ${STEPS20:-2000} steps"
     pids=()
-    for run in bf16:naive bf16:fused 'mxfp8(block=128):fused' 'mxfp8(block=128):experts'; do
+    for run in bf16:naive bf16:fused 'mxfp8(block=128):fused' 'mxfp8(block=128):proj'; do
       p=${run%:*} pipe=${run##*:} tag=${run%%(*}
       tag=${tag%%:*}_$pipe
       args=()
       [ $pipe = fused ] && args=("$FUSED")
       [ "${p%%(*}" = mxfp8 ] && args=("$FUSED_MX")
-      [ $pipe = experts ] && args=("$FUSED_MX_EXPERTS")
+      [ $pipe = proj ] && args=("$FUSED_MX_PROJ") # (until 2026-12-07 fused ran these and "experts" the experts-only line)
       timeout 290 "$C/moec" train models/l0_sanity.moe --device cuda --data "$D" --steps "${STEPS20:-2000}" \
         --set "precision=$p" --set val_every=250 --val-batches 64 --log "$L/chr20_$tag.jsonl" "${args[@]}" \
         >"$L/chr20_$tag.out" 2>&1 &
       pids+=($!)
     done
     wait "${pids[@]}" # (a bare wait would also wait for this script's tee)
-    for tag in bf16_naive bf16_fused mxfp8_fused mxfp8_experts; do
+    for tag in bf16_naive bf16_fused mxfp8_fused mxfp8_proj; do
       tr '\r' '\n' <"$L/chr20_$tag.out" | grep "val_loss\|error" | tail -2 | sed "s/^/$tag: /"
     done
     awk '/^done:/ {for (i = 1; i <= NF; i++) if ($i == "val_loss") v[FILENAME] = $(i + 1)}
          END {n = v[ARGV[1]]; f = v[ARGV[2]]; m = v[ARGV[3]]; e = v[ARGV[4]]
               if (n > 0 && f > 0 && m > 0) printf "final val_loss: bf16 naive %s, bf16 fused %s, mxfp8 %s; mxfp8 vs bf16 fused %+.2f%%, vs naive %+.2f%%\n", n, f, m, 100 * (m / f - 1), 100 * (m / n - 1)
-              if (f > 0 && e > 0) printf "mxfp8 on the expert GEMMs only %s: vs bf16 fused %+.2f%%\n", e, 100 * (e / f - 1)}' \
-      "$L/chr20_bf16_naive.out" "$L/chr20_bf16_fused.out" "$L/chr20_mxfp8_fused.out" "$L/chr20_mxfp8_experts.out" ;;
+              if (f > 0 && e > 0) printf "mxfp8 with the attention projections in FP8 too %s: vs bf16 fused %+.2f%%\n", e, 100 * (e / f - 1)}' \
+      "$L/chr20_bf16_naive.out" "$L/chr20_bf16_fused.out" "$L/chr20_mxfp8_fused.out" "$L/chr20_mxfp8_proj.out" ;;
   long)
     for run in 'mxfp8(block=128)':$FUSED_MX bf16:; do
       p=${run%%:*} args=${run#*:} tag=${p%%(*}

@@ -353,7 +353,8 @@ static int cmd_train(int argc, char **argv) {
              c.pipe.disable ? "," : "");
     c.pipe.disable = gpu_disable;
     fprintf(stderr, "moec: note: --device cuda: mxfp8 is off by default (--passes=lower,group-linear,grouped-mlp,%s"
-                    "mxfp8-projections,autodiff,%sfold-grad-cast,mxfp8,fuse-residual,fuse-gemm-add,dce turns it on)\n",
+                    "autodiff,%sfold-grad-cast,mxfp8,fuse-residual,fuse-gemm-add,dce turns it on for the expert GEMMs; "
+                    "mxfp8-projections after grouped-mlp puts the attention projections in FP8 too)\n",
             ep * dp > 1 ? "parallelize," : "", ep * dp > 1 ? "sync," : "");
   }
   if (multi && !(c.train.world = launch_train_join(ep, dp, &c.train.rank))) return 1;
