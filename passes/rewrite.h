@@ -49,6 +49,15 @@ int uses_build(const ir_graph *g, ir_uses *u); /* 0, or -1 when out of memory */
 void uses_free(ir_uses *u);
 static inline int uses_count(const ir_uses *u, int v) { return u->start[v + 1] - u->start[v]; }
 
+/* Folds each add one of whose terms comes from an op that takes(op) says can absorb the other
+ * (read by the add alone, no graph output, of the add's type, as the other term must be): that
+ * op takes the other term as a last operand and attribute=1, with a note naming pass and how
+ * ("its result rounded first: the same bits"), in its own place where the other term exists by
+ * then, else the add's (passes/fold_add.c; fuse-residual, fuse-gemm-add). 0, or -1 after an
+ * error message. */
+typedef int (*fold_taker)(const ir_node *op);
+int fold_adds(ir_graph **gp, const char *pass, fold_taker takes, const char *attribute, const char *how, FILE *err);
+
 /* Two attribute lists hold the same keys and values (order ignored). */
 int attrs_equal(const ir_node *a, const ir_node *b);
 

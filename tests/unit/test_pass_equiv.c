@@ -292,6 +292,21 @@ static void check_fp32(const model *m) {
   free(lab);
 }
 
+/* One step of graph a and one of graph b on the same weights (made for b) and tokens. 0, or -1
+ * when either fails (results freed). */
+static int run_both(ir_graph *a, ir_graph *b, step_result *ra, step_result *rb) {
+  rt_params *ps = rt_params_new(b, 11);
+  int32_t *tok, *lab;
+  make_tokens(b, &tok, &lab);
+  int rc = 0;
+  if (run_step(a, ps, tok, lab, ra)) rc = -1;
+  else if (run_step(b, ps, tok, lab, rb)) rc = -1, result_free(ra);
+  rt_params_free(ps);
+  free(tok);
+  free(lab);
+  return rc;
+}
+
 /* The mxfp8 step (the passes given, or the whole pipeline) against the bf16 step of the same
  * model, weights and tokens. */
 static void check_mxfp8(const model *m, const char *block, const char *label, const char *passes, const mx_tol *tol) {
@@ -304,11 +319,8 @@ static void check_mxfp8(const model *m, const char *block, const char *label, co
     ir_graph_free(mx);
     return;
   }
-  rt_params *ps = rt_params_new(bf, 11);
-  int32_t *tok, *lab;
-  make_tokens(bf, &tok, &lab);
   step_result a, b;
-  if (run_step(bf, ps, tok, lab, &b) || run_step(mx, ps, tok, lab, &a)) {
+  if (run_both(mx, bf, &a, &b)) {
     CHECK(0, "%s: step failed", m->name);
   } else {
     const char *worst;
@@ -329,21 +341,15 @@ static void check_mxfp8(const model *m, const char *block, const char *label, co
     result_free(&a);
     result_free(&b);
   }
-  rt_params_free(ps);
   ir_graph_free(bf);
   ir_graph_free(mx);
-  free(tok);
-  free(lab);
 }
 
 /* Graph a's step against graph b's (same precision, weights and tokens): loss, cross-entropy,
  * norm and every gradient bit for bit. what names the change; note (printed) says what it did. */
 static void check_same_bits(const model *m, ir_graph *a, ir_graph *b, const char *what, const char *note) {
-  rt_params *ps = rt_params_new(b, 11);
-  int32_t *tok, *lab;
-  make_tokens(b, &tok, &lab);
   step_result ra, rb;
-  if (run_step(a, ps, tok, lab, &ra) || run_step(b, ps, tok, lab, &rb)) {
+  if (run_both(a, b, &ra, &rb)) {
     CHECK(0, "%s: %s: step failed", m->name, what);
   } else {
     const char *worst;
@@ -356,9 +362,6 @@ static void check_same_bits(const model *m, ir_graph *a, ir_graph *b, const char
     result_free(&ra);
     result_free(&rb);
   }
-  rt_params_free(ps);
-  free(tok);
-  free(lab);
 }
 
 /* mxfp8-projections' rewrite alone (run on a bf16 graph as if it were mxfp8): the one-group
@@ -437,11 +440,8 @@ static void check_fuse_gemm_add(const model *m) {
     if (!bf) {
       check_same_bits(m, a, b, "fuse-gemm-add", note);
     } else {
-      rt_params *ps = rt_params_new(b, 11);
-      int32_t *tok, *lab;
-      make_tokens(b, &tok, &lab);
       step_result ra, rb;
-      if (run_step(a, ps, tok, lab, &ra) || run_step(b, ps, tok, lab, &rb)) {
+      if (run_both(a, b, &ra, &rb)) {
         CHECK(0, "%s: fuse-gemm-add: bf16 step failed", m->name);
       } else {
         const char *worst;
@@ -454,9 +454,6 @@ static void check_fuse_gemm_add(const model *m) {
         result_free(&ra);
         result_free(&rb);
       }
-      rt_params_free(ps);
-      free(tok);
-      free(lab);
     }
     ir_graph_free(a);
     ir_graph_free(b);
