@@ -12,12 +12,12 @@
  *   expert_unpermute(ys, perm, h) {residual=1}       rmsnorm_bwd_x(dy, h, w, dh') {residual=1}
  *
  * The fused op rounds its own result to the result type before adding (ops.def), so the sum is
- * the add's bit for bit on every backend: the pass changes no number. It runs after mxfp8,
- * on the finished step (forward, backward and the mxfp8 ops), before fuse-gemm-add. The fused op takes the producer's
- * place where the residual exists by then, else the add's (the router's gradient is made after
- * the combine's unpermute: that unpermute's [S, H] input then lives through the router's
- * backward). A producer read by anything but the add, or a graph output, stays as it is. The
- * rewrite is fold_adds (passes/fold_add.c), shared with fuse-gemm-add. */
+ * the add's bit for bit on every backend: the pass changes no number. It runs after mxfp8, on
+ * the finished step (forward, backward and the mxfp8 ops), before fuse-gemm-add. The fused op
+ * takes the producer's place where the residual exists by then, else the add's (the router's
+ * gradient is made after the combine's unpermute: that unpermute's [S, H] input then lives
+ * through the router's backward). A producer read by anything but the add, or a graph output,
+ * stays as it is. The rewrite is fold_adds (passes/fold_add.c), shared with fuse-gemm-add. */
 #include "pipeline.h"
 #include "rewrite.h"
 

@@ -720,11 +720,11 @@ static int exec_MATMUL(gx *x, int id) {
   if ((tb ? bc : br) != k) return fail(x, id, "inner sizes differ at run time");
   if (alloc_out(x, id, m, k == 0)) return -1;
   const int addend = N(id)->n_in == 3 ? N(id)->in[2] : -1; /* fuse-gemm-add */
-  if (k == 0) /* an expert with no rows: its weight gradient is zero (or the addend) */
-    return addend < 0 || gpu_copy(x->rt->g, x->val[id].p, x->val[addend].p, (size_t)x->val[id].numel * dsize(N(id)->type.dtype)) == 0
-               ? 0
-               : fail(x, id, "%s", gpu_error(x->rt->g));
-  return gemm(x, id, m, n, k, a, ta, b, tb, id, addend);
+  if (k > 0) return gemm(x, id, m, n, k, a, ta, b, tb, id, addend);
+  /* an expert with no rows: its weight gradient is zero (plus the addend, if any) */
+  const size_t bytes = (size_t)x->val[id].numel * dsize(N(id)->type.dtype);
+  if (addend >= 0 && gpu_copy(x->rt->g, x->val[id].p, x->val[addend].p, bytes) != 0) return fail(x, id, "%s", gpu_error(x->rt->g));
+  return 0;
 }
 
 static int exec_COLSUM(gx *x, int id) {
