@@ -105,8 +105,10 @@
 #            after its third step: rank 0 must stop with a message naming it, within
 #            MOEC_COMM_TIMEOUT (30 s here), and moec launch exit non-zero (needs 2 GPUs) [120 s]
 # training
-#   chr20    l0_sanity on human chr20, STEPS20 (2000) steps: bf16 (naive and fused pipelines)
-#            and mxfp8(block=128) (the expert GEMMs in FP8, and the attention projections too), side by side on the GPU; final validation losses [300 s]
+#   chr20    l0_sanity on human chr20, STEPS20 (2000) steps: bf16 (naive and fused pipelines),
+#            mxfp8(block=128, weight_tile=128) as recommended (FP8 expert GEMMs), that with
+#            adamw(moments = bf16), and bf16 fused with bf16 moments, side by side on the GPU;
+#            final validation losses [300 s]
 # The chr20 and determinism parts read $C/chr20.fa.gz if the carry has it (scripts/fetch_data.sh,
 # 18 MB), else the bundled slice. Everything is written to $OUT as it runs (session.log, and the
 # logs of each part under $OUT/logs), so a call cut short still brings back what it did; only
@@ -392,27 +394,33 @@ for part in "${parts[@]}"; do
     [ -f "$D" ] || D=data/chr20_slice.fa.gz
     echo "genome $D, ${STEPS20:-2000} steps"
     pids=()
-    for run in bf16:naive bf16:fused 'mxfp8(block=128):fused' 'mxfp8(block=128):proj'; do
+    # the lines (precision:pipeline): bf16 on both pipelines; mxfp8 as recommended (the
+    # weight-tile recipe, FP8 on the expert GEMMs: `fused`), and that with adamw(moments = bf16)
+    # (`mb`); bf16 fused with bf16 moments (`bmb`) separates what the moments do alone
+    W='mxfp8(block=128,weight_tile=128)'
+    for run in bf16:naive bf16:fused "$W:fused" "$W:mb" bf16:bmb; do
       p=${run%:*} pipe=${run##*:} tag=${run%%(*}
       tag=${tag%%:*}_$pipe
       args=()
       [ $pipe = fused ] && args=("$FUSED")
       [ "${p%%(*}" = mxfp8 ] && args=("$FUSED_MX")
-      [ $pipe = proj ] && args=("$FUSED_MX_PROJ") # (until 2026-12-07 fused ran these and "experts" the experts-only line)
-      timeout 290 "$C/moec" train models/l0_sanity.moe --device cuda --data "$D" --steps "${STEPS20:-2000}" \
+      [ $pipe = mb ] && args=("$FUSED_MX" --set moments=bf16)
+      [ $pipe = bmb ] && args=("$FUSED" --set moments=bf16)
+      timeout 420 "$C/moec" train models/l0_sanity.moe --device cuda --data "$D" --steps "${STEPS20:-2000}" \
         --set "precision=$p" --set val_every=250 --val-batches 64 --log "$L/chr20_$tag.jsonl" "${args[@]}" \
         >"$L/chr20_$tag.out" 2>&1 &
       pids+=($!)
     done
     wait "${pids[@]}" # (a bare wait would also wait for this script's tee)
-    for tag in bf16_naive bf16_fused mxfp8_fused mxfp8_proj; do
+    for tag in bf16_naive bf16_fused mxfp8_fused mxfp8_mb bf16_bmb; do
       tr '\r' '\n' <"$L/chr20_$tag.out" | grep "val_loss\|error" | tail -2 | sed "s/^/$tag: /"
     done
     awk '/^done:/ {for (i = 1; i <= NF; i++) if ($i == "val_loss") v[FILENAME] = $(i + 1)}
-         END {n = v[ARGV[1]]; f = v[ARGV[2]]; m = v[ARGV[3]]; e = v[ARGV[4]]
+         END {n = v[ARGV[1]]; f = v[ARGV[2]]; m = v[ARGV[3]]; b = v[ARGV[4]]; g = v[ARGV[5]]
               if (n > 0 && f > 0 && m > 0) printf "final val_loss: bf16 naive %s, bf16 fused %s, mxfp8 %s; mxfp8 vs bf16 fused %+.2f%%, vs naive %+.2f%%\n", n, f, m, 100 * (m / f - 1), 100 * (m / n - 1)
-              if (f > 0 && e > 0) printf "mxfp8 with the attention projections in FP8 too %s: vs bf16 fused %+.2f%%\n", e, 100 * (e / f - 1)}' \
-      "$L/chr20_bf16_naive.out" "$L/chr20_bf16_fused.out" "$L/chr20_mxfp8_fused.out" "$L/chr20_mxfp8_proj.out" ;;
+              if (f > 0 && b > 0) printf "mxfp8 with bf16 moments %s: vs bf16 fused %+.2f%%, vs naive %+.2f%%\n", b, 100 * (b / f - 1), 100 * (b / n - 1)
+              if (f > 0 && g > 0) printf "bf16 fused with bf16 moments %s: vs bf16 fused %+.2f%%\n", g, 100 * (g / f - 1)}' \
+      "$L/chr20_bf16_naive.out" "$L/chr20_bf16_fused.out" "$L/chr20_mxfp8_fused.out" "$L/chr20_mxfp8_mb.out" "$L/chr20_bf16_bmb.out" ;;
   long)
     for run in 'mxfp8(block=128)':$FUSED_MX bf16:; do
       p=${run%%:*} args=${run#*:} tag=${p%%(*}
