@@ -1,9 +1,11 @@
 /* gpu_cudnn_attn_plan.c -- execution plans: the operation graph finalized, engine heuristics
- * (mode A, then the fallback mode), the first engine config that finalizes as a plan, and the
- * cache of plans by shape (least recently used slot replaced). */
+ * (mode A, then the fallback mode), the first engine config that finalizes as a plan (or the
+ * n-th, MOEC_CUDNN_CONFIG=n), and the cache of plans by shape (least recently used slot
+ * replaced). */
 #include "gpu_cudnn_attn_int.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* The engine behind an engine config: its global index and whether cuDNN notes it as
@@ -49,6 +51,11 @@ static int pick_plan(gpu_cudnn_attn *c, plan_entry *p, void *og, int mode, char 
   st = cda_api.GetAttribute(heur, CD_ATTR_ENGINEHEUR_RESULTS, CD_TYPE_BACKEND_DESCRIPTOR, count, &got, cfgs);
   if (st != CD_STATUS_SUCCESS)
     return cda_fail_status(st, err, errlen, "cudnnBackendGetAttribute(%s, CUDNN_ATTR_ENGINEHEUR_RESULTS)", what);
+  /* MOEC_CUDNN_CONFIG=n takes the n-th config that finalizes (0, the default: the heuristics'
+     first), or the last that does where fewer do: to time the engines side by side */
+  const char *want_s = getenv("MOEC_CUDNN_CONFIG");
+  const long want = want_s ? strtol(want_s, NULL, 10) : 0;
+  long ok = 0;
   char first_err[1024] = "";
   for (int64_t i = 0; i < got && i < count; i++) {
     int64_t engine;
@@ -73,14 +80,16 @@ static int pick_plan(gpu_cudnn_attn *c, plan_entry *p, void *og, int mode, char 
         p->workspace = ws;
         p->engine = engine;
         p->nondeterministic = nondet;
-        cda_dbg("plan: config %lld of mode %s, engine %lld%s, workspace %lld bytes", (long long)i, heur_name(mode),
-            (long long)engine, nondet ? " (non-deterministic)" : "", (long long)ws);
-        return 0;
+        cda_dbg("plan: config %lld of mode %s, engine %lld%s, workspace %lld bytes%s", (long long)i, heur_name(mode),
+            (long long)engine, nondet ? " (non-deterministic)" : "", (long long)ws, ok < want ? " (passed over)" : "");
+        if (ok++ == want) return 0;
+        continue;
       }
     }
     cda_dbg("config %lld (engine %lld) refused: %s", (long long)i, (long long)engine, e);
     if (!first_err[0]) snprintf(first_err, sizeof first_err, "%s", e);
   }
+  if (ok) return 0; /* fewer than MOEC_CUDNN_CONFIG + 1 finalize: the last that did */
   snprintf(err, errlen, "cuDNN: no engine config of %s finalizes (%lld tried); the first refusal: %s", what,
            (long long)got, first_err);
   return -1;

@@ -51,4 +51,8 @@ if [ "${MOEC_EMU_SANITIZE:-0}" = 1 ]; then
   env+=(LD_PRELOAD="$(g++ -print-file-name=libasan.so)" ASAN_OPTIONS=detect_leaks=0:detect_stack_use_after_return=0)
 fi
 cd "$root"
-for t in "${tests[@]}"; do env "${env[@]}" "$build/$t"; done
+for t in "${tests[@]}"; do
+  t0=$(date +%s)
+  env "${env[@]}" "$build/$t"
+  echo "cuda_emu: $t took $(($(date +%s) - t0)) s" # (CI's time goes mostly here: see scripts/test.sh)
+done
