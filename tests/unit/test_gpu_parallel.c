@@ -2,7 +2,7 @@
  *  1. gpu_comm's host-staged transport, 2 ranks as threads on GPU 0: all_reduce_sum (f32 in
  *     rank order bit for bit, bf16 summed in f32 and rounded once, i32) and all_to_all_v with
  *     uneven and empty segments, against sums and copies made on the host;
- *  2. `moec train --device cuda` on tiny (fp32, 6 steps) at dp=2 (naive and fused experts), ep=2 and
+ *  2. `moec train --device cuda` on tiny (fp32, 6 steps; MOEC_GPU_PARALLEL_STEPS) at dp=2 (naive and fused experts), ep=2 and
  *     ep=2 x dp=2 (fused experts), ranks as threads on one GPU through the host-staged
  *     transport: the same losses, grad norms, weights and Adam moments as one rank on the GPU
  *     (<= 1e-5 relative, as test_parallel on the CPU); the same with ZeRO-1 (zero = true: dp=2,
@@ -29,10 +29,14 @@
 #include "parallel_test.h"
 
 #define SMALL "--set hidden=32 --set ffn=48 --set seq=64 --set batch=4 --set heads=4 --set kv_heads=2 " \
-              "--set val_every=0 --val-batches 1 --device cuda --steps 6 --set precision=fp32"
+              "--set val_every=0 --val-batches 1 --device cuda --set precision=fp32"
 /* the fused experts for every run that compares with ep > 1 (one rank too: the same sums) */
 #define NAIVE "--disable-pass=group-linear,grouped-mlp" /* the per-expert linears (the default is fused) */
 #define FUSED "--passes=lower,group-linear,grouped-mlp,parallelize,autodiff,sync,fold-grad-cast,fuse-residual,dce"
+
+/* steps a run trains: 6, or MOEC_GPU_PARALLEL_STEPS (at least 2; CI's emulator runs 3, each
+   emulated step taking seconds); the resumes stop half way */
+static int steps = 6;
 
 static int run(const char *env, const char *launch, const char *args, const char *tag) {
   char cmd[3072];
@@ -42,8 +46,8 @@ static int run(const char *env, const char *launch, const char *args, const char
   const char *t = getenv("MOEC_TEST_RUN_TIMEOUT");
   const int limit = t && atoi(t) > 0 ? atoi(t) : 120;
   snprintf(cmd, sizeof cmd,
-           "MOEC_COMM_TIMEOUT=%d %s timeout -k 5 %d %s %s train models/tiny.moe " SMALL " %s --log %s/%s.jsonl --ckpt-dir %s/%s 2>%s/%s.err",
-           limit / 2, env, limit, launch, moec, args, tmp, tag, tmp, tag, tmp, tag);
+           "MOEC_COMM_TIMEOUT=%d %s timeout -k 5 %d %s %s train models/tiny.moe " SMALL " --steps %d %s --log %s/%s.jsonl --ckpt-dir %s/%s 2>%s/%s.err",
+           limit / 2, env, limit, launch, moec, steps, args, tmp, tag, tmp, tag, tmp, tag);
   int rc = system(cmd);
   if (rc != 0) {
     snprintf(cmd, sizeof cmd, "tail -5 %s/%s.err >&2", tmp, tag);
@@ -202,6 +206,9 @@ int main(void) {
   }
   char dir[] = "/tmp/moec-gpu-parallel-XXXXXX";
   if (parallel_test_begin(dir)) return 1;
+  const char *st = getenv("MOEC_GPU_PARALLEL_STEPS");
+  if (st && atoi(st) >= 2) steps = atoi(st);
+  printf("test_gpu_parallel: %d steps a run\n", steps);
   test_host_staged();
 
   /* 2. ranks as threads sharing GPU 0 through host memory */
@@ -222,24 +229,29 @@ int main(void) {
 #define ODD " --set hidden=34 --set heads=1 --set kv_heads=1"
   CHECK(run(host, "", FUSED ODD, "oneo") == 0, "one rank at hidden 34 failed");
   CHECK(run(host, "", FUSED ODD " --set ep=2 --set dp=2 --set zero=true", "ep2dp2zo") == 0, "ep=2 x dp=2 zero at hidden 34 failed");
-  CHECK(run(host, "", FUSED " --stop-at 3", "onefr") == 0, "one rank --stop-at 3 failed");
+  char stop[32];
+  snprintf(stop, sizeof stop, " --stop-at %d", steps / 2);
+  char fstop[256], zstop[256];
+  snprintf(fstop, sizeof fstop, "%s%s", FUSED, stop);
+  snprintf(zstop, sizeof zstop, "%s --set dp=2 --set zero=true%s", FUSED, stop);
+  CHECK(run(host, "", fstop, "onefr") == 0, "one rank --stop-at %d failed", steps / 2);
   CHECK(run(host, "", FUSED " --resume", "onefr") == 0, "one rank --resume failed");
-  CHECK(run(host, "", FUSED " --set dp=2 --set zero=true --stop-at 3", "zr") == 0, "dp=2 zero --stop-at 3 failed");
+  CHECK(run(host, "", zstop, "zr") == 0, "dp=2 zero --stop-at %d failed", steps / 2);
   CHECK(run(host, "", FUSED " --set ep=2 --set dp=2 --set zero=true --resume", "zr") == 0, "ep=2 x dp=2 zero --resume failed");
   for (const char *const *t = (const char *const[]){"dp2", "dp2f", "ep2", "ep2dp2", "ep2d", "dp2z", "ep2dp2z", "ep2z", NULL};
        *t; t++)
     CHECK(used(*t, "host-staged"), "%s: not through the host-staged transport", *t);
-  same_as("onef", "dp2z", 6);
-  same_as("onef", "ep2dp2z", 6);
-  same_as("onef", "ep2z", 6);
-  same_as("oneo", "ep2dp2zo", 6);
-  same_as("onef", "onefr", 6);
-  same_as("onef", "zr", 6);
-  same_as("one", "dp2", 6);
-  same_as("onef", "dp2f", 6);
-  same_as("onef", "ep2", 6);
-  same_as("onef", "ep2dp2", 6);
-  same_as("onef", "ep2d", 6);
+  same_as("onef", "dp2z", steps);
+  same_as("onef", "ep2dp2z", steps);
+  same_as("onef", "ep2z", steps);
+  same_as("oneo", "ep2dp2zo", steps);
+  same_as("onef", "onefr", steps);
+  same_as("onef", "zr", steps);
+  same_as("one", "dp2", steps);
+  same_as("onef", "dp2f", steps);
+  same_as("onef", "ep2", steps);
+  same_as("onef", "ep2dp2", steps);
+  same_as("onef", "ep2d", steps);
 
   /* 3. NCCL, one GPU per rank */
   char nerr[1024];
@@ -254,10 +266,10 @@ int main(void) {
     CHECK(run("MOEC_GPU_COMM=nccl", "", FUSED " --set dp=2 --set zero=true", "ncdp2z") == 0, "dp=2 zero over NCCL failed");
     for (const char *const *t = (const char *const[]){"ncdp2", "ncep2", "ncep2p", "ncdp2z", NULL}; *t; t++)
       CHECK(used(*t, "NCCL"), "%s: not over NCCL", *t);
-    same_as("onef", "ncdp2z", 6);
-    same_as("one", "ncdp2", 6);
-    same_as("onef", "ncep2", 6);
-    same_as("onef", "ncep2p", 6);
+    same_as("onef", "ncdp2z", steps);
+    same_as("one", "ncdp2", steps);
+    same_as("onef", "ncep2", steps);
+    same_as("onef", "ncep2p", steps);
   }
   /* impossible configurations say so */
   if (ngpus == 1) {
