@@ -62,7 +62,7 @@
 #   fp8tilemb, og2tilemb  fp8tile / og2tile with adamw(moments = bf16), reusing their peers [100 / 150 s]
 #   attncfg  the cuDNN attention engines: how many configs the heuristics offer for genos_1b's
 #            forward and backward (MOEC_CUDNN_DEBUG), then fp8tilemb with MOEC_CUDNN_CONFIG=1
-#            and 2 (the second and third that finalize), reusing fp8tile's peer     [250 s]
+#            and 2 (the second and third that finalize; ATTN_CFGS="1 2"), reusing fp8tile's peer [250 s]
 #   fp8tilepj, og2tilepj  fp8tile / og2tile with the attention projections in FP8 too (mxfp8-projections;
 #            fp8tile was that until 2026-12-07, seventh session; fp8tilenp then ran the experts-only line) [100/200 s]
 #   fp8tilenga, og2tilenga  fp8tile / og2tile without fuse-gemm-add (the q, k and v dgrads' adds
@@ -256,7 +256,7 @@ for part in "${parts[@]}"; do
     MOEC_CUDNN_DEBUG=1 timeout 100 "$C/moec" train models/genos_1b.moe --device cuda --steps 1 --set val_every=0 \
       --val-batches 1 --data data/chr20_slice.fa.gz >"$L/attncfg_dbg.out" 2>&1
     grep -E "engine configs|plan: config|refused:|graph: B" "$L/attncfg_dbg.out" | cut -c1-200 | head -30
-    for n in 1 2; do
+    for n in ${ATTN_CFGS:-1 2}; do
       peer_from "$L/fp8tile" "$L/attncfg$n"
       bench LOGDIR=$L/attncfg$n PEER_SKIP=1 MOEC_CUDNN_CONFIG=$n PRECISION='mxfp8(block=128,weight_tile=128)' \
         MOEC_ARGS="$FUSED_MX --set moments=bf16" timeout 150 bash bench/run_bench.sh genos_1b
