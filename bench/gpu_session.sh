@@ -135,7 +135,9 @@ FUSED=--passes=lower,group-linear,grouped-mlp,autodiff,fold-grad-cast,fuse-resid
 # mxfp8 as recommended since 2026-12-07 (seventh session): FP8 on the expert GEMMs, the attention
 # projections in bf16 (FP8 projections measured slower on an H100) and their dgrads summed in
 # the GEMMs (fuse-gemm-add). _PROJ: the projections in FP8 too (fp8tile until then);
-# _NOGA: without fuse-gemm-add; _NR: without fuse-residual.
+# _NOGA: without fuse-gemm-add; _NR: without fuse-residual. The fastest line measured adds
+# --set moments=bf16 (fp8tilemb, og2tilemb: 1.73x / 1.66x against fp8tile's 1.67x / 1.58x on an
+# H100, 2026-12-07 eighth session; chr20 checks it).
 FUSED_MX=--passes=lower,group-linear,grouped-mlp,autodiff,fold-grad-cast,mxfp8,fuse-residual,fuse-gemm-add,dce
 FUSED_MX_PROJ=--passes=lower,group-linear,grouped-mlp,mxfp8-projections,autodiff,fold-grad-cast,mxfp8,fuse-residual,fuse-gemm-add,dce
 FUSED_MX_NOGA=--passes=lower,group-linear,grouped-mlp,autodiff,fold-grad-cast,mxfp8,fuse-residual,dce
