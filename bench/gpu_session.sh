@@ -428,6 +428,8 @@ for part in "${parts[@]}"; do
     wait "${pids[@]}" # (a bare wait would also wait for this script's tee)
     for tag in bf16_naive bf16_fused mxfp8_fused mxfp8_mb bf16_bmb; do
       tr '\r' '\n' <"$L/chr20_$tag.out" | grep "val_loss\|error" | tail -2 | sed "s/^/$tag: /"
+      # every validation on one line: only about 8 files come back, session.log always does
+      echo "$tag val_loss by step: $(tr '\r' '\n' <"$L/chr20_$tag.out" | awk '/^step [0-9]+: val_loss/ {printf "%s %s ", $2, $4}')"
     done
     awk '/^done:/ {for (i = 1; i <= NF; i++) if ($i == "val_loss") v[FILENAME] = $(i + 1)}
          END {n = v[ARGV[1]]; f = v[ARGV[2]]; m = v[ARGV[3]]; b = v[ARGV[4]]; g = v[ARGV[5]]
