@@ -229,11 +229,9 @@ int main(void) {
 #define ODD " --set hidden=34 --set heads=1 --set kv_heads=1"
   CHECK(run(host, "", FUSED ODD, "oneo") == 0, "one rank at hidden 34 failed");
   CHECK(run(host, "", FUSED ODD " --set ep=2 --set dp=2 --set zero=true", "ep2dp2zo") == 0, "ep=2 x dp=2 zero at hidden 34 failed");
-  char stop[32];
-  snprintf(stop, sizeof stop, " --stop-at %d", steps / 2);
-  char fstop[256], zstop[256];
-  snprintf(fstop, sizeof fstop, "%s%s", FUSED, stop);
-  snprintf(zstop, sizeof zstop, "%s --set dp=2 --set zero=true%s", FUSED, stop);
+  char fstop[256], zstop[256]; /* the resumes' first halves */
+  snprintf(fstop, sizeof fstop, FUSED " --stop-at %d", steps / 2);
+  snprintf(zstop, sizeof zstop, FUSED " --set dp=2 --set zero=true --stop-at %d", steps / 2);
   CHECK(run(host, "", fstop, "onefr") == 0, "one rank --stop-at %d failed", steps / 2);
   CHECK(run(host, "", FUSED " --resume", "onefr") == 0, "one rank --resume failed");
   CHECK(run(host, "", zstop, "zr") == 0, "dp=2 zero --stop-at %d failed", steps / 2);
