@@ -155,6 +155,7 @@ static const struct {
     {CG_FAM_GROUPED, "expert_unpermute", 2},  {CG_FAM_GROUPED, "expert_weight_grad", 2},
     {CG_FAM_GROUPED, "copy_cols", 2},         {CG_FAM_GROUPED, "mlp_bwd_rows", 2},
     {CG_FAM_GROUPED, "mlp_bwd_split", 1},     {CG_FAM_GROUPED, "mlp_bwd_split_q", 1},
+    {CG_FAM_GROUPED, "mlp_bwd_split_fp8", 1}, {CG_FAM_GROUPED, "mlp_dp_sum", 0},
     {CG_FAM_GROUPED, "ggemm_rows", 3},        {CG_FAM_GROUPED, "ggemm_wgrad", 3},
     {CG_FAM_NARROW, "narrow_n_8", 0},         {CG_FAM_NARROW, "narrow_n_16", 0},
     {CG_FAM_NARROW, "narrow_tn_partial_8", 0}, {CG_FAM_NARROW, "narrow_tn_partial_16", 0},

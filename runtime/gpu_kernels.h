@@ -267,6 +267,25 @@ int rt_cuda_mlp_bwd_split(rt_cuda *k, cg_dtype tgu, gpu_ptr dact, gpu_ptr gate_u
 int rt_cuda_mlp_bwd_split_mx(rt_cuda *k, cg_dtype tgu, gpu_ptr dact, gpu_ptr gate_up, int64_t ldg, gpu_ptr gq, gpu_ptr gsc,
                              int64_t gblock, gpu_ptr probs, gpu_ptr dgu, gpu_ptr act, gpu_ptr dp, int64_t S, int64_t F,
                              gpu_ptr dq, gpu_ptr dsc, int64_t dblock);
+/* The split writing every FP8 operand and no bf16 piece (the executor's VIEW_SPLIT_FP8): from
+ * the same inputs as rt_cuda_mlp_bwd_split_mx with rows split by counts (E, on the device;
+ * summing to S), byte for byte what these would make of its bf16 dg | du and act: dq / dsc,
+ * rt_cuda_mxfp8_quantize_win's rows of dg | du (as rt_cuda_mlp_bwd_split_mx); qgu / sgu and
+ * qa / sa, rt_cuda_mxfp8_quantize_cols_experts_win's of dg | du (C = 2F) and act (C = F),
+ * laid out by ldq as there. dp as rt_cuda_mlp_bwd_split writes it, through dpc (S, F / 8)
+ * f32 scratch. F % 128 == 0, dblock in 8 .. 128 dividing 128, 16-byte aligned rows and
+ * outputs (else it fails, writing nothing). */
+typedef struct {
+  gpu_ptr dq, dsc;  /* dg | du's rows: E4M3 (S, 2F), E8M0 codes (S, 2F / dblock) */
+  int64_t dblock;
+  gpu_ptr qgu, sgu; /* dg | du's expert columns: E4M3 (C, P_e) blocks and f32 scales, C = 2F */
+  gpu_ptr qa, sa;   /* act's, C = F */
+  int64_t ldq;      /* 0: (C, P_e) blocks one after another; else one (C, ldq) matrix */
+  gpu_ptr dpc;      /* scratch, f32 (S, F / 8) */
+} rt_split_fp8;
+int rt_cuda_mlp_bwd_split_fp8(rt_cuda *k, cg_dtype tgu, gpu_ptr dact, gpu_ptr gate_up, int64_t ldg, gpu_ptr gq, gpu_ptr gsc,
+                              int64_t gblock, gpu_ptr probs, gpu_ptr counts, int64_t E, gpu_ptr dp, int64_t S, int64_t F,
+                              const rt_split_fp8 *o);
 
 /* ---- MXFP8 ---- */
 int rt_cuda_mxfp8_quantize(rt_cuda *k, cg_dtype t, gpu_ptr x /* (rows, cols) */, int64_t rows, int64_t cols,

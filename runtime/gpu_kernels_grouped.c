@@ -210,6 +210,38 @@ int rt_cuda_mlp_bwd_split_mx(rt_cuda *k, cg_dtype tgu, gpu_ptr dact, gpu_ptr gat
                     ARGS(&dact, &gate_up, &ldg, &probs_, &dgu, &act, &dp, &S, &F, &gq, &gsc, &gblock, &dq, &dsc, &dblock));
 }
 
+int rt_cuda_mlp_bwd_split_fp8(rt_cuda *k, cg_dtype tgu, gpu_ptr dact, gpu_ptr gate_up, int64_t ldg, gpu_ptr gq, gpu_ptr gsc,
+                              int64_t gblock, gpu_ptr probs_, gpu_ptr counts, int64_t E, gpu_ptr dp, int64_t S, int64_t F,
+                              const rt_split_fp8 *o) {
+  const size_t gsz = tgu == CG_DT_BF16 ? 2 : 4;
+  if (!gq && ldg < 2 * F)
+    return rtk_fail(k, "mlp_bwd_split_fp8: gate_up rows %lld apart, narrower than 2F = %lld (%s)", (long long)ldg,
+                    (long long)(2 * F), ck_strerror(CK_ESHAPE));
+  if (gq && (gblock < 1 || (2 * F) % gblock))
+    return rtk_fail(k, "mlp_bwd_split_fp8: MXFP8 blocks of %lld do not divide a row of 2F = %lld (%s)",
+                    (long long)gblock, (long long)(2 * F), ck_strerror(CK_ESHAPE));
+  if (F <= 0 || F % 128 || o->dblock < 8 || o->dblock > 128 || 128 % o->dblock || dact % 16 || o->dq % 16 || o->qgu % 16 ||
+      o->qa % 16 || (!gq && (gate_up % 16 || (size_t)ldg * gsz % 16)))
+    return rtk_fail(k, "mlp_bwd_split_fp8: needs F %% 128 == 0 (F = %lld), blocks dividing 128 (%lld) and 16-byte aligned "
+                    "rows and outputs (%s)", (long long)F, (long long)o->dblock, ck_strerror(CK_ESHAPE));
+  if (o->ldq && (o->ldq < fp8_cols_ld(S, E) || o->ldq % 128))
+    return rtk_fail(k, "mlp_bwd_split_fp8: ldq %lld, want a multiple of 128 of at least %lld (%s)", (long long)o->ldq,
+                    (long long)fp8_cols_ld(S, E), ck_strerror(CK_ESHAPE));
+  if (S == 0) return 0;
+  char name[64];
+  KN("mlp_bwd_split_fp8", 1, tgu);
+  int64_t nct = F / 128, dblock = o->dblock, ldq = o->ldq;
+  gpu_ptr dq = o->dq, dsc = o->dsc, qgu = o->qgu, sgu = o->sgu, qa = o->qa, sa = o->sa, dpc = o->dpc;
+  /* a block a tile of 128 rows of one expert by 128 columns; spare units return */
+  if (rtk_launch(k, FAM, NULL, name, (uint64_t)((S / 128 + E) * nct), 1, CG_NT_MX,
+                 ARGS(&dact, &gate_up, &ldg, &gq, &gsc, &gblock, &probs_, &F, &counts, &E, &dq, &dsc, &dblock, &qgu, &sgu, &qa,
+                      &sa, &ldq, &dpc)) != 0)
+    return -1;
+  const uint64_t rows_a_block = CG_NT_ROW / 32; /* a warp a row */
+  return rtk_launch(k, FAM, NULL, "moec_mlp_dp_sum", ((uint64_t)S + rows_a_block - 1) / rows_a_block, 1, CG_NT_ROW,
+                    ARGS(&dpc, &dp, &S, &F));
+}
+
 int rt_cuda_grouped_mlp_bwd(rt_cuda *k, cg_dtype tdy, cg_dtype tgu, cg_dtype tw, cg_dtype to, gpu_ptr dy, gpu_ptr gate_up,
                             gpu_ptr w_down, gpu_ptr counts, gpu_ptr probs_, gpu_ptr out, int64_t S, int64_t E, int64_t H,
                             int64_t F, int64_t W) {

@@ -346,6 +346,84 @@ static void test_mlp_bwd_split_q(cg_dtype t, int64_t Fq, int mx) {
   dfree_all();
 }
 
+/* mlp_bwd_split_fp8 (VIEW_SPLIT_FP8) must write, byte for byte, what the split quantizing its
+ * rows (mlp_bwd_split_q) and then the column quantizes of its bf16 pieces write: dg | du's E4M3
+ * rows and codes, the expert columns of dg | du (C = 2F) and of act (C = F) with their f32
+ * scales, and dp's bits. Experts of 133 rows (two units, the second short), 0, 40 and 21; a NaN
+ * in dact checks the NaN groups both ways; mx: gate_up read from its stored MXFP8 form; wide:
+ * the columns in one (C, ldq) matrix (the wgmma layout). Every output is filled first, so a
+ * byte left unwritten shows. */
+static void test_mlp_bwd_split_fp8(cg_dtype t, int64_t Fq, int mx, int wide) {
+  enum { E4 = 4 };
+  const int32_t counts[E4] = {133, 0, 40, S - 173};
+  const int64_t block = 32, ldg = 2 * Fq + 8, n2 = S * 2 * Fq, ldq = wide ? fp8_cols_ld(S, E4) : 0;
+  const int64_t col_bytes = ldq > S + 128 * E4 ? ldq : S + 128 * E4, units = S / 128 + E4; /* as fp8_pack's */
+  const size_t split_bytes = (size_t)(S * 3 * Fq) * 2 + (size_t)S * 4;
+  /* the outputs, each as [reference, fused]: rows, codes, dg | du's columns and scales, act's, dp */
+  const size_t size[7] = {(size_t)n2, (size_t)(n2 / block), (size_t)(2 * Fq * col_bytes), (size_t)(2 * Fq * units) * 4,
+                          (size_t)(Fq * col_bytes), (size_t)(Fq * units) * 4, (size_t)S * 4};
+  float *gu = rnd(S * ldg, -2, 2, t), *dact = rnd(S * Fq, -1, 1, CG_DT_F32), *p = rnd(S, 0.1f, 1, CG_DT_F32);
+  dact[130 * Fq + 77] = NAN; /* in expert 0's second, short unit */
+  gpu_ptr dgu = up_f(gu, S * ldg, t), dd = up_f(dact, S * Fq, CG_DT_F32), dp = up_f(p, S, CG_DT_F32), dc = up_raw(counts, 4 * E4);
+  gpu_ptr out[2][7], gq = 0, gsc = 0, s1 = dmalloc(split_bytes), dpc = dmalloc((size_t)(S * Fq / 8) * 4);
+  for (int w = 0; w < 2; w++)
+    for (int i = 0; i < 7; i++) {
+      out[w][i] = dmalloc(size[i]);
+      CHECK(gpu_memset8(G, out[w][i], 0xA5, size[i]) == 0, "memset");
+    }
+  const gpu_ptr window = dgu + (gpu_ptr)(8 * dts(t));
+  if (mx) { /* the saved gate_up as grouped_mlp stores it: rows of 2F, blocks of 32 sharing 128 */
+    gq = dmalloc((size_t)n2), gsc = dmalloc((size_t)(n2 / 32));
+    RUN(rt_cuda_mxfp8_quantize_win(K, t, window, ldg, 0, 0, S, 2 * Fq, 32, 1, gq, gsc, 0, 1, 0));
+  }
+  gpu_ptr *o = out[0];
+  RUN(rt_cuda_mlp_bwd_split_mx(K, t, dd, mx ? 0 : window, ldg, gq, gsc, 32, dp, s1, s1 + (gpu_ptr)(n2 * 2), o[6], S, Fq, o[0],
+                               o[1], block));
+  RUN(rt_cuda_mxfp8_quantize_cols_experts_win(K, CG_DT_BF16, s1, 2 * Fq, 0, 0, S, 2 * Fq, dc, E4, ldq, o[2], o[3], 0, 1, 0));
+  RUN(rt_cuda_mxfp8_quantize_cols_experts_win(K, CG_DT_BF16, s1 + (gpu_ptr)(n2 * 2), Fq, 0, 0, S, Fq, dc, E4, ldq, o[4], o[5],
+                                              0, 1, 0));
+  o = out[1];
+  rt_split_fp8 f = {o[0], o[1], block, o[2], o[3], o[4], o[5], ldq, dpc};
+  RUN(rt_cuda_mlp_bwd_split_fp8(K, t, dd, mx ? 0 : window, ldg, gq, gsc, 32, dp, dc, E4, o[6], S, Fq, &f));
+  static const char *const what[7] = {"dg | du's rows", "their codes", "dg | du's columns", "their scales",
+                                      "act's columns",  "their scales", "dp"};
+  int64_t bad = 0, nan_codes = 0, nan_scales = 0;
+  for (int i = 0; i < 7; i++) {
+    uint8_t *b1 = malloc(size[i]), *b2 = malloc(size[i]);
+    download(b1, out[0][i], size[i]);
+    download(b2, out[1][i], size[i]);
+    int64_t d = 0;
+    for (size_t j = 0; j < size[i]; j++) d += b1[j] != b2[j];
+    CHECK(d == 0, "mlp_bwd_split_fp8 [%s, F %lld%s%s]: %lld bytes of %s differ from the split and separate quantizes'",
+          cg_dtype_name(t), (long long)Fq, mx ? ", from MXFP8" : "", wide ? ", ldq" : "", (long long)d, what[i]);
+    for (size_t j = 0; i == 1 && j < size[i]; j++) nan_codes += b2[j] == 0xFF;
+    for (size_t j = 0; i == 3 && j < size[i] / 4; j++) {
+      float v;
+      memcpy(&v, b2 + 4 * j, 4);
+      nan_scales += isnan(v);
+    }
+    bad += d;
+    free(b1), free(b2);
+  }
+  CHECK(nan_codes > 0 && nan_scales > 0, "mlp_bwd_split_fp8: %lld NaN row codes and %lld NaN column scales, want some of each",
+        (long long)nan_codes, (long long)nan_scales);
+  rt_split_fp8 b = f;
+  CHECK(rt_cuda_mlp_bwd_split_fp8(K, t, dd, mx ? 0 : window, ldg, gq, gsc, 32, dp, dc, E4, o[6], S, Fq - 8, &f) != 0,
+        "mlp_bwd_split_fp8 accepted F %% 128 != 0");
+  b.ldq = 100;
+  CHECK(rt_cuda_mlp_bwd_split_fp8(K, t, dd, mx ? 0 : window, ldg, gq, gsc, 32, dp, dc, E4, o[6], S, Fq, &b) != 0,
+        "mlp_bwd_split_fp8 accepted ldq 100");
+  b = f, b.qa += 8;
+  CHECK(rt_cuda_mlp_bwd_split_fp8(K, t, dd, mx ? 0 : window, ldg, gq, gsc, 32, dp, dc, E4, o[6], S, Fq, &b) != 0,
+        "mlp_bwd_split_fp8 accepted act's columns off 16-byte alignment");
+  if (bad == 0)
+    printf("  mlp_bwd_split_fp8 [%s, F %lld%s%s]: rows, columns, scales and dp, byte for byte\n", cg_dtype_name(t),
+           (long long)Fq, mx ? ", from MXFP8" : "", wide ? ", ldq" : "");
+  expect_flag("mlp_bwd_split_fp8", CK_OK);
+  free(gu), free(dact), free(p);
+  dfree_all();
+}
+
 /* The activation quantized in one pass (grouped_mlp's FP8 path) must be, byte for byte, the
  * activation stored (mlp_act) and then quantized (mxfp8_quantize, 128-shared blocks of 32), on
  * gate_up read as a window of a wider row; a NaN checks the NaN group. */
@@ -426,6 +504,9 @@ int main(void) {
     test_mlp_bwd_split_q((cg_dtype)t, 384, 0);
     test_mlp_bwd_split_q((cg_dtype)t, 256, 0);
     test_mlp_bwd_split_q((cg_dtype)t, 384, 1);
+    test_mlp_bwd_split_fp8((cg_dtype)t, 384, 0, 0);
+    test_mlp_bwd_split_fp8((cg_dtype)t, 256, 1, 1);
+    test_mlp_bwd_split_fp8((cg_dtype)t, 384, 1, 0);
     test_quantize_act((cg_dtype)t);
   }
   rt_cuda_free(K);
