@@ -776,8 +776,11 @@ static int exec_SLICE_COLS(gx *x, int id) {
     return 0;
   }
   if (x->view[id] == VIEW_PIECE && !x->keep_all) { /* its piece of the split grouped_mlp_bwd; not owned */
-    int G = N(id)->in[0];
-    x->val[id] = (dev_value){.p = a->p + (gpu_ptr)gpu_split_offset(a->rows, ir_get_int(N(G), "ffn", 0), ir_get_int(N(id), "start", 0)),
+    int G = N(id)->in[0], cq[2];
+    const int64_t F = ir_get_int(N(G), "ffn", 0), start = ir_get_int(N(id), "start", 0);
+    /* a split writing FP8 columns holds dp alone; its other pieces are never written or read */
+    const int fp8 = gpu_split_fp8(x->g, x->view, G, cq);
+    x->val[id] = (dev_value){.p = fp8 ? (start >= 3 * F ? a->p : 0) : a->p + (gpu_ptr)gpu_split_offset(a->rows, F, start),
                              .rows = a->rows, .numel = a->rows * COLS(id)};
     return 0;
   }
@@ -1136,11 +1139,14 @@ gpu_exec *gpu_exec_new(gpu_runtime *rt, const ir_graph *g, char *err, size_t err
   /* VIEW_GATHER: the FP8 quantizes gather the permuted rows (docs/cuda.md); the default since
      it ran on an H100 (bench/RESULTS.md, 2026-12-06 second session). MOEC_GATHER=0 writes the
      permute out as before. MOEC_SPLIT_Q=0: dg | du's rows quantize as a kernel of its own, not
-     in the split backward (VIEW_SPLIT_Q). MOEC_COLS_VIEW=0: attention_bwd's dq | dk | dv
-     copied out by their slices (VIEW_COLS). */
-  const char *ga = getenv("MOEC_GATHER"), *sq = getenv("MOEC_SPLIT_Q"), *co = getenv("MOEC_COLS_VIEW");
-  gpu_views_plan(g, &x->fp8, !x->grouped_device, !(ga && strcmp(ga, "0") == 0), !(sq && strcmp(sq, "0") == 0),
-                 !(co && strcmp(co, "0") == 0), x->last_use, x->view);
+     in the split backward (VIEW_SPLIT_Q). MOEC_SPLIT_FP8=0: the expert columns quantizes of
+     dg | du and act likewise, reading the split's bf16 pieces (VIEW_SPLIT_FP8). MOEC_COLS_VIEW=0:
+     attention_bwd's dq | dk | dv copied out by their slices (VIEW_COLS). */
+  const char *ga = getenv("MOEC_GATHER"), *sq = getenv("MOEC_SPLIT_Q"), *co = getenv("MOEC_COLS_VIEW"),
+             *sf = getenv("MOEC_SPLIT_FP8");
+  const int split_q = sq && strcmp(sq, "0") == 0 ? 0 : sf && strcmp(sf, "0") == 0 ? 1 : 2;
+  gpu_views_plan(g, &x->fp8, !x->grouped_device, !(ga && strcmp(ga, "0") == 0), split_q, !(co && strcmp(co, "0") == 0),
+                 x->last_use, x->view);
   plan_gate_up_stores(x);
   if (plan_stacks(x, err, errlen) != 0) {
     gpu_exec_free(x);

@@ -527,10 +527,14 @@ int exec_GROUPED_MLP_BWD(gx *x, int id) {
   int64_t E = DIMOF(id, 2, 0), H = INCOLS(id, 0), F = ir_get_int(N(id), "ffn", 0), S = dy->rows;
   if (need_f32(x, id, N(id)->in[4], "the routing probabilities")) return -1;
   const int split = x->view[id] == VIEW_SPLIT && !x->keep_all;
+  /* the quantizes of dg | du's and act's expert columns the split makes itself (VIEW_SPLIT_FP8) */
+  int cq[2] = {-1, -1};
+  const int fp8_cols = split && gpu_split_fp8(x->g, x->view, id, cq);
   if (!split && alloc_out(x, id, S, 0)) return -1;
-  if (split) { /* dg | du and act in bf16, dp in f32, apart (gpu_views.h) */
+  if (split) { /* dg | du and act in bf16, dp in f32, apart (gpu_views.h); dp alone when fp8_cols */
     dev_value *v = &x->val[id];
-    *v = (dev_value){.rows = S, .numel = S * COLS(id), .bytes = (size_t)gpu_split_offset(S, F, 3 * F + 1)};
+    *v = (dev_value){.rows = S, .numel = S * COLS(id),
+                     .bytes = fp8_cols ? (size_t)S * 4 : (size_t)gpu_split_offset(S, F, 3 * F + 1)};
     if (pool_get(x->rt, v->bytes > 0 ? v->bytes : 1, &v->p) != 0) {
       v->bytes = 0;
       return fail(x, id, "%s", gpu_error(x->rt->g));
@@ -558,7 +562,22 @@ int exec_GROUPED_MLP_BWD(gx *x, int id) {
     const int fq = split ? split_quantize(x, id) : -1;
     const int64_t fblock = fq >= 0 ? ir_get_int(N(fq), "block", 32) : 0;
     if (rc == 0 && fq >= 0) rc = packed_bufs(x, fq, (size_t)((S + 16) * 2 * F), (size_t)(S * 2 * F / fblock)); /* as fp8_pack's */
-    if (rc == 0 && split)
+    if (rc == 0 && fp8_cols) { /* every FP8 operand, no bf16 piece; the columns sized as fp8_pack's */
+      const int64_t ldq = x->wgmma ? fp8_cols_ld(S, E) : 0, colb = ldq > S + 128 * E ? ldq : S + 128 * E;
+      const size_t scales = (size_t)(S / 128 + E) * 4;
+      gpu_ptr dpc = 0;
+      rc = packed_bufs(x, cq[0], (size_t)(2 * F * colb), (size_t)(2 * F) * scales) ||
+                   packed_bufs(x, cq[1], (size_t)(F * colb), (size_t)F * scales) || pool_buf(x, id, (size_t)(S * F / 8) * 4, &dpc)
+               ? -1
+               : 0;
+      const rt_split_fp8 o = {x->val[fq].q8, x->val[fq].s8, fblock, x->val[cq[0]].q8, x->val[cq[0]].s8,
+                              x->val[cq[1]].q8, x->val[cq[1]].s8, ldq, dpc};
+      if (rc == 0)
+        rc = ck(x, id, rt_cuda_mlp_bwd_split_fp8(KX, DT(x, gu), dact, gup, ldg, q >= 0 ? x->val[q].q8 : 0,
+                                                 q >= 0 ? x->val[q].s8 : 0, q >= 0 ? ir_get_int(N(q), "block", 32) : 0,
+                                                 V(id, 4)->p, V(id, 3)->p, E, out, S, F, &o));
+      if (dpc) pool_put(x->rt, dpc); /* stream order keeps it for the queued kernels */
+    } else if (rc == 0 && split)
       rc = ck(x, id, rt_cuda_mlp_bwd_split_mx(KX, DT(x, gu), dact, gup, ldg, q >= 0 ? x->val[q].q8 : 0, q >= 0 ? x->val[q].s8 : 0,
                                               q >= 0 ? ir_get_int(N(q), "block", 32) : 0, V(id, 4)->p, out,
                                               out + gpu_split_offset(S, F, 2 * F), out + gpu_split_offset(S, F, 3 * F), S, F,
@@ -587,7 +606,8 @@ int exec_MXFP8_QUANTIZE(gx *x, int id) {
   int64_t dims[IR_MAX_RANK];
   for (int d = 0; d < t->rank; d++) dims[d] = t->dims[d];
   dims[0] = a->rows;
-  const int by_split = x->view[id] == VIEW_SPLIT_Q && !x->keep_all; /* packed already (split_quantize) */
+  /* packed already by its split (split_quantize, gpu_split_fp8) */
+  const int by_split = (x->view[id] == VIEW_SPLIT_Q || x->view[id] == VIEW_SPLIT_FP8) && !x->keep_all;
   if (x->fp8.kind[id] != FP8_NONE && !by_split && fp8_pack(x, id) != 0) return -1;
   if (!x->fp8.values[id]) { /* only FP8 GEMMs read it: the packed form is all */
     x->val[id].rows = a->rows;

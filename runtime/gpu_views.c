@@ -68,6 +68,24 @@ static int splits(const ir_graph *g, const gpu_fp8_plan *fp8, int blas, int G) {
   return 1;
 }
 
+/* The one node that reads v, other than `except` (which must read it too, when not -1), or -1
+ * (none, several, or v a graph output). */
+static int sole_reader(const ir_graph *g, int v, int except) {
+  int found = -1, saw_except = except < 0;
+  if (is_output(g, v)) return -1;
+  for (int id = v + 1; id < g->n_nodes; id++)
+    for (int j = 0; j < g->nodes[id].n_in; j++) {
+      if (g->nodes[id].in[j] != v) continue;
+      if (id == except) {
+        saw_except = 1;
+        continue;
+      }
+      if (found >= 0 && found != id) return -1;
+      found = id;
+    }
+  return saw_except ? found : -1;
+}
+
 static int only_read_by_grads(const ir_graph *g, int v) {
   for (int id = v + 1; id < g->n_nodes; id++)
     for (int j = 0; j < g->nodes[id].n_in; j++)
@@ -182,6 +200,25 @@ void gpu_views_plan(const ir_graph *g, const gpu_fp8_plan *fp8, int blas, int ga
       done = 1;
     }
   }
+  /* a split whose dg | du and act no one reads but its rows quantize (above) and their expert
+     columns quantizes: it writes those columns too, and no bf16 piece (VIEW_SPLIT_FP8) */
+  for (int G = 0; split_q > 1 && G < g->n_nodes; G++) {
+    if (view[G] != VIEW_SPLIT) continue;
+    int rq = -1, cq[2] = {-1, -1}, ok = 1;
+    for (int q = G + 1; q < g->n_nodes && rq < 0; q++)
+      if (view[q] == VIEW_SPLIT_Q && gpu_view_root(g, view, g->nodes[q].in[0]) == G) rq = q;
+    for (int s = G + 1; rq >= 0 && ok && s < g->n_nodes; s++) {
+      if (view[s] != VIEW_PIECE || g->nodes[s].in[0] != G) continue;
+      const int64_t start = ir_get_int(&g->nodes[s], "start", -1), F = ir_get_int(&g->nodes[G], "ffn", 0);
+      if (start == 3 * F) continue; /* dp */
+      const int k = start == 2 * F, c = sole_reader(g, s, -1), q = c >= 0 ? sole_reader(g, c, k ? -1 : rq) : -1;
+      const ir_node *qn = q >= 0 ? &g->nodes[q] : NULL;
+      ok = cq[k] < 0 && c >= 0 && view[c] == VIEW_ALIAS && qn && qn->op == OP_MXFP8_QUANTIZE && fp8->kind[q] == FP8_COLS &&
+           !fp8->values[q] && qn->n_in == 2 && qn->in[0] == c && qn->in[1] == g->nodes[G].in[3] && !is_output(g, q);
+      cq[k] = q;
+    }
+    if (rq >= 0 && ok && cq[0] >= 0 && cq[1] >= 0) view[cq[0]] = view[cq[1]] = VIEW_SPLIT_FP8;
+  }
   /* the stored gate_up, read only by split backwards, which decode it themselves */
   for (int id = 0; id < g->n_nodes; id++) {
     const ir_node *nd = &g->nodes[id];
@@ -229,4 +266,15 @@ void gpu_views_plan(const ir_graph *g, const gpu_fp8_plan *fp8, int blas, int ga
 int gpu_view_root(const ir_graph *g, const uint8_t *view, int v) {
   while (view[v] && view[v] < VIEW_STACKED) v = g->nodes[v].in[0];
   return v;
+}
+
+int gpu_split_fp8(const ir_graph *g, const uint8_t *view, int G, int cq[2]) {
+  cq[0] = cq[1] = -1;
+  const int64_t F = ir_get_int(&g->nodes[G], "ffn", 0);
+  for (int q = G + 1; q < g->n_nodes; q++) {
+    if (view[q] != VIEW_SPLIT_FP8 || gpu_view_root(g, view, g->nodes[q].in[0]) != G) continue;
+    const int piece = g->nodes[g->nodes[q].in[0]].in[0]; /* quantize <- cast <- piece */
+    cq[ir_get_int(&g->nodes[piece], "start", 0) == 2 * F] = q;
+  }
+  return cq[0] >= 0 && cq[1] >= 0;
 }

@@ -41,6 +41,10 @@ typedef enum {
   VIEW_SPLIT_Q = 13, /* the packing rows quantize (FP8_ROWS) of a split grouped_mlp_bwd's dg | du (through
                         its piece and cast): runs nothing, the split writes its E4M3 rows and codes as it
                         writes dg | du (rt_cuda_mlp_bwd_split_mx's dq); one a split, F % 128 == 0 */
+  VIEW_SPLIT_FP8 = 14, /* a packing expert-columns quantize (FP8_COLS) of a split's dg | du or act (through its
+                          piece and cast), where the split also quantizes dg | du's rows (VIEW_SPLIT_Q) and
+                          nothing else reads either piece: runs nothing, the split writes its columns
+                          (rt_cuda_mlp_bwd_split_fp8) and has no bf16 pieces at all, only dp (gpu_split_fp8) */
   VIEW_KINDS
 } gpu_view;
 
@@ -55,11 +59,15 @@ static inline int64_t gpu_split_offset(int64_t S, int64_t F, int64_t start) {
  * lives until the chain's readers. fp8: the graph's FP8 plan (all zero: no FP8). blas: the
  * grouped GEMMs run on cuBLASLt (not MOEC_GROUPED_GEMM=device), the only path that splits.
  * gather: make VIEW_GATHER views (else no permute's input or perm lives longer for one).
- * split_q: let splits quantize their dg | du (VIEW_SPLIT_Q). cols_view: make VIEW_COLS views. */
+ * split_q: 1 lets splits quantize their dg | du's rows (VIEW_SPLIT_Q), 2 also their pieces'
+ * expert columns (VIEW_SPLIT_FP8), 0 neither. cols_view: make VIEW_COLS views. */
 void gpu_views_plan(const ir_graph *g, const gpu_fp8_plan *fp8, int blas, int gather, int split_q, int cols_view,
                     int *last_use, uint8_t *view);
 /* The value a chain of views reads in the end (v itself when v is no view, or a view whose
  * storage is persistent). */
 int gpu_view_root(const ir_graph *g, const uint8_t *view, int v);
+/* Does split grouped_mlp_bwd G write its pieces' FP8 columns (VIEW_SPLIT_FP8)? cq <- the
+ * quantizes of dg | du's and of act's columns (-1 where none). Its buffer then holds dp alone. */
+int gpu_split_fp8(const ir_graph *g, const uint8_t *view, int G, int cq[2]);
 
 #endif

@@ -258,7 +258,7 @@ static int same_bits(const char *path, const char *what, const char *env, const 
 }
 
 /* A view that changes no bit, on with `env`=1 and off with `env`=0 (VIEW_GATHER: MOEC_GATHER,
- * VIEW_SPLIT_Q: MOEC_SPLIT_Q, VIEW_COLS: MOEC_COLS_VIEW, the act quantize's gate_up store:
+ * VIEW_SPLIT_Q: MOEC_SPLIT_Q, VIEW_SPLIT_FP8: MOEC_SPLIT_FP8, VIEW_COLS: MOEC_COLS_VIEW, the act quantize's gate_up store:
  * MOEC_ACT_STORE): deterministic runs with it and without give the same losses and gradient
  * norms, and the first one has such views. (compare() checks gradients in step 1 only, which
  * keeps every value and so makes none of these views.) */
@@ -364,6 +364,8 @@ int main(void) {
      quantizing its dg | du (VIEW_SPLIT_Q), each against its switch off */
   failed += view_exact("models/tiny.moe", tiny8t, 3, "MOEC_GATHER", VIEW_GATHER, "VIEW_GATHER");
   failed += view_exact("models/tiny.moe", tiny8t, 3, "MOEC_SPLIT_Q", VIEW_SPLIT_Q, "VIEW_SPLIT_Q");
+  /* and writing its pieces' FP8 expert columns too, no bf16 piece (VIEW_SPLIT_FP8) */
+  failed += view_exact("models/tiny.moe", tiny8t, 3, "MOEC_SPLIT_FP8", VIEW_SPLIT_FP8, "VIEW_SPLIT_FP8");
   /* attention_bwd's dq | dk read in place by the inverse ropes (VIEW_COLS), and dv by the v
      projection's FP8 quantizes (a window; MOEC_COLS_VIEW=0 copies it too) */
   failed += view_exact("models/tiny.moe", tiny8t, 3, "MOEC_COLS_VIEW", VIEW_COLS, "VIEW_COLS");

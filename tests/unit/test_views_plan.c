@@ -108,6 +108,21 @@ static void check_plan(const char *precision, int fp8_on, int blas, int gather, 
         CHECK(view[o] != VIEW_SPLIT_Q || gpu_view_root(g, view, g->nodes[o].in[0]) != G,
               "split %%%d quantizes both %%%d and %%%d", G, o, id);
     }
+    if (view[id] == VIEW_SPLIT_FP8) { /* a columns quantize of a split's dg | du or act, whose piece only it and the
+                                         split's rows quantize read */
+      const int c = n->in[0], pc = c ? g->nodes[c].in[0] : 0, G = gpu_view_root(g, view, c);
+      CHECK(n->op == OP_MXFP8_QUANTIZE && p.kind[id] == FP8_COLS && !p.values[id] && view[c] == VIEW_ALIAS &&
+                view[pc] == VIEW_PIECE && view[G] == VIEW_SPLIT && n->in[1] == g->nodes[G].in[3],
+            "%%%d (%s) is quantized by a split, but is no packing columns quantize of a split's piece", id, ir_ops[n->op].name);
+      int both[2];
+      CHECK(gpu_split_fp8(g, view, G, both) && (both[0] == id || both[1] == id), "split %%%d does not name %%%d", G, id);
+      for (int r = pc + 1; r < g->n_nodes; r++)
+        for (int j = 0; j < g->nodes[r].n_in; j++) {
+          const int v = g->nodes[r].in[j];
+          CHECK(!(v == pc && r != c) && !(v == c && r != id && view[r] != VIEW_SPLIT_Q),
+                "%%%d reads %%%d, a piece the split %%%d never writes", r, v, G);
+        }
+    }
     if (view[id] == VIEW_COLS) { /* a slice of a plain value, read only by rope (its x) and matmuls, to its last one */
       CHECK(cols_view && n->op == OP_SLICE_COLS && view[n->in[0]] == VIEW_NONE,
             "%%%d (%s) is a column view, but no slice of a plain value", id, ir_ops[n->op].name);
@@ -138,10 +153,10 @@ static void check_plan(const char *precision, int fp8_on, int blas, int gather, 
   }
   if (!blas) CHECK(!counts[VIEW_SPLIT] && !counts[VIEW_PIECE], "%s: a split without cuBLASLt", precision);
   printf("%-18s fp8 %s blas %d: %d windows, %d aliases, %d cast views, %d slabs, %d strided, %d stacked (%d casts), "
-         "%d split (%d pieces, %d quantized by them), %d decoded, %d gathered, %d column views\n",
+         "%d split (%d pieces, %d + %d quantized by them), %d decoded, %d gathered, %d column views\n",
          precision, fp8_on ? "on " : "off", blas, counts[VIEW_WINDOW], counts[VIEW_ALIAS], counts[VIEW_CAST], counts[VIEW_SLAB],
          counts[VIEW_STRIDED], counts[VIEW_STACKED], counts[VIEW_IN_STACK], counts[VIEW_SPLIT], counts[VIEW_PIECE],
-         counts[VIEW_SPLIT_Q], counts[VIEW_DECODE], counts[VIEW_GATHER], counts[VIEW_COLS]);
+         counts[VIEW_SPLIT_Q], counts[VIEW_SPLIT_FP8], counts[VIEW_DECODE], counts[VIEW_GATHER], counts[VIEW_COLS]);
   free(view);
   free(last);
   free(orig);
@@ -198,7 +213,7 @@ int main(void) {
   int c[VIEW_KINDS];
   check_shared_cast();
   /* with the device grouped GEMMs (blas 0): no split, no gate_up window */
-  check_plan("mxfp8(block=128)", 1, 0, 1, 1, 1, c);
+  check_plan("mxfp8(block=128)", 1, 0, 1, 2, 1, c);
   /* the saved gate_up is stored packed (FP8_STORE): its dequantize expands it, no alias */
   CHECK(c[VIEW_WINDOW] > 0 && c[VIEW_ALIAS] == 0 && c[VIEW_CAST] > 0 && c[VIEW_SLAB] > 0,
         "mxfp8(block=128) with FP8: windows, cast views and slabs, no alias");
@@ -207,18 +222,18 @@ int main(void) {
   CHECK(c[VIEW_STACKED] == 4 + 2 * 4 && c[VIEW_IN_STACK] == 4 * 4 + 2 * 4 + 2 * 4 && c[VIEW_STRIDED] == 2 * 8,
         "mxfp8(block=128): %d stacked weights of %d casts, %d strided gradients; want 12, 32, 16", c[VIEW_STACKED],
         c[VIEW_IN_STACK], c[VIEW_STRIDED]);
-  check_plan("mxfp8(block=128)", 0, 0, 1, 1, 1, c);
+  check_plan("mxfp8(block=128)", 0, 0, 1, 2, 1, c);
   CHECK(c[VIEW_CAST] == 0 && c[VIEW_ALIAS] > 0, "without FP8 GEMMs: no cast view, dequantize aliases");
-  check_plan("bf16", 0, 0, 1, 1, 1, c);
+  check_plan("bf16", 0, 0, 1, 2, 1, c);
   CHECK(c[VIEW_CAST] == 0 && c[VIEW_ALIAS] == 0 && c[VIEW_WINDOW] > 0 && c[VIEW_SLAB] > 0 && c[VIEW_STACKED] == 4 &&
             c[VIEW_STRIDED] == 16,
         "bf16: windows, slabs, strided gradients and stacked weights only");
   /* on cuBLASLt (the default): tiny's 2 grouped_mlp_bwd split, 3 pieces each, the casts of
      dg | du and act aliases; in bf16 the saved gate_up's slices are windows */
-  check_plan("bf16", 0, 1, 1, 1, 1, c);
+  check_plan("bf16", 0, 1, 1, 2, 1, c);
   CHECK(c[VIEW_SPLIT] == 2 && c[VIEW_PIECE] == 2 * 3 && c[VIEW_ALIAS] == 2 * 2 && c[VIEW_CAST] == 0 && c[VIEW_WINDOW] >= 2,
         "bf16 on cuBLASLt: 2 splits of 3 pieces, 4 alias casts, gate_up windows");
-  check_plan("mxfp8(block=128)", 1, 1, 1, 1, 1, c);
+  check_plan("mxfp8(block=128)", 1, 1, 1, 2, 1, c);
   CHECK(c[VIEW_SPLIT] == 2 && c[VIEW_PIECE] == 2 * 3 && c[VIEW_CAST] == 0 && c[VIEW_ALIAS] == 2 * 2,
         "mxfp8(block=128) with FP8 on cuBLASLt: the pieces' casts (cast views before) are aliases");
   /* and the stored gate_up of each layer is decoded by its split backward, never expanded */
@@ -231,17 +246,23 @@ int main(void) {
         c[VIEW_WINDOW]);
   /* and each split quantizes its dg | du for the dgrad GEMM itself */
   CHECK(c[VIEW_SPLIT_Q] == 2, "mxfp8(block=128) with FP8 on cuBLASLt: %d rows quantizes made by splits, want 2", c[VIEW_SPLIT_Q]);
+  /* and the expert columns of its dg | du and act (the wgrad GEMMs' operands), so it has no bf16 piece */
+  CHECK(c[VIEW_SPLIT_FP8] == 2 * 2, "mxfp8(block=128) with FP8 on cuBLASLt: %d columns quantizes made by splits, want 4",
+        c[VIEW_SPLIT_FP8]);
   /* and each layer's dq and dk (slices of attention_bwd's output) read in place by the inverse
      ropes (dv, read only by FP8 quantizes, is a window above) */
   CHECK(c[VIEW_COLS] == 2 * 2, "mxfp8(block=128) with FP8 on cuBLASLt: %d column views, want 4 (dq, dk)", c[VIEW_COLS]);
-  check_plan("mxfp8(block=128)", 1, 1, 1, 1, 0, c); /* MOEC_COLS_VIEW=0 */
+  check_plan("mxfp8(block=128)", 1, 1, 1, 2, 0, c); /* MOEC_COLS_VIEW=0 */
   CHECK(c[VIEW_COLS] == 0 && c[VIEW_WINDOW] == 2 + 2, "the column views off: %d, want 0, and the windows but dv's: %d",
         c[VIEW_COLS], c[VIEW_WINDOW]);
+  check_plan("mxfp8(block=128)", 1, 1, 1, 1, 1, c); /* MOEC_SPLIT_FP8=0: the rows quantizes only */
+  CHECK(c[VIEW_SPLIT_Q] == 2 && c[VIEW_SPLIT_FP8] == 0, "MOEC_SPLIT_FP8=0: %d rows and %d columns quantizes made by splits, want 2, 0",
+        c[VIEW_SPLIT_Q], c[VIEW_SPLIT_FP8]);
   check_plan("mxfp8(block=128)", 1, 1, 0, 0, 1, c); /* MOEC_GATHER=0 MOEC_SPLIT_Q=0: no such views, no longer lives */
-  CHECK(c[VIEW_GATHER] == 0 && c[VIEW_SPLIT_Q] == 0 && c[VIEW_SPLIT] == 2,
+  CHECK(c[VIEW_GATHER] == 0 && c[VIEW_SPLIT_Q] == 0 && c[VIEW_SPLIT_FP8] == 0 && c[VIEW_SPLIT] == 2,
         "the gather and split quantize off: %d gathered permutes, %d quantized by splits, want 0", c[VIEW_GATHER],
         c[VIEW_SPLIT_Q]);
-  check_plan("mxfp8(block=128)", 0, 1, 1, 1, 1, c);
+  check_plan("mxfp8(block=128)", 0, 1, 1, 2, 1, c);
   CHECK(c[VIEW_GATHER] == 0 && c[VIEW_SPLIT_Q] == 0,
         "without FP8 GEMMs (quantizes that write values): %d gathered permutes, %d quantized by splits, want 0",
         c[VIEW_GATHER], c[VIEW_SPLIT_Q]);
