@@ -45,6 +45,9 @@
 #   fp8tileng  fp8tile with MOEC_GATHER=0 (the expert permutes write xs and dy out instead of the
 #            FP8 quantizes gathering the permuted rows, the default since 2026-12-06; until then
 #            fp8tilegn ran the gather as the opt-in), reusing fp8tile's peer          [100 s]
+#   fp8tilesf, og2tilesf  fp8tilemb / og2tilemb with MOEC_SPLIT_FP8=0 (dg | du's and act's FP8
+#            expert columns quantized from the split's bf16 pieces), then as is (the split writes
+#            them), side by side; runs the peer unless fp8tile / og2tile ran            [250 / 400 s]
 #   fp8tilesq, og2tilesq  fp8tile / og2tile with MOEC_SPLIT_Q=0 (dgate|dup's rows quantize as a
 #            kernel of its own, not in the split backward), reusing their peers        [100 / 150 s]
 #   fp8tileaw, og2tileaw  fp8tile / og2tile with MOEC_ADAMW_OVERLAP=1 (AdamW beside the next
@@ -269,6 +272,14 @@ for part in "${parts[@]}"; do
   og2tilemb)
     peer_from "$L/og2tile" "$L/$part"
     bench LOGDIR=$L/$part PEER_SKIP=1 PRECISION='mxfp8(block=128,weight_tile=128)' MOEC_ARGS="$FUSED_MX --set moments=bf16" timeout 200 bash bench/run_bench.sh og2_8x1b ;;
+  fp8tilesf | og2tilesf) # fp8tilemb / og2tilemb with MOEC_SPLIT_FP8=0, then as is, side by side (+ peer)
+    m=genos_1b d=fp8tile t=150 && [ ${part#og2} != $part ] && m=og2_8x1b d=og2tile t=200
+    peer_from "$L/$d" "$L/$part"
+    for sf in 0 1; do
+      bench LOGDIR=$L/$part PEER_SKIP=1 MOEC_SPLIT_FP8=$sf PRECISION='mxfp8(block=128,weight_tile=128)' \
+        MOEC_ARGS="$FUSED_MX --set moments=bf16" timeout $t bash bench/run_bench.sh $m
+      cp "$L/$part/moec_$m.out" "$L/$part/moec_${m}_sf$sf.out" 2>/dev/null
+    done ;;
   fp8tilembcp)
     peer_from "$L/fp8tile" "$L/$part"
     bench LOGDIR=$L/$part PEER_SKIP=1 MOEC_SQUARES=0 PRECISION='mxfp8(block=128,weight_tile=128)' MOEC_ARGS="$FUSED_MX --set moments=bf16" timeout 150 bash bench/run_bench.sh genos_1b ;;
