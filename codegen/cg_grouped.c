@@ -429,11 +429,11 @@ static const char *const src =
     "}\n"
     "\n"
     "// The split writing every FP8 operand and no bf16 piece (VIEW_SPLIT_FP8: under mxfp8 the\n"
-    "// pieces have no reader but quantizes). A block (256 threads) takes 128 rows of one expert\n"
+    "// pieces have no reader but quantizes). A block (SF_NT threads) takes 128 rows of one expert\n"
     "// (unit uu, as expert_unit cuts them; rows past the expert's count are zeros, the columns\n"
     "// layout's padding) by 128 columns c0.. of F, so that g's and u's 128-groups of a row and a\n"
-    "// column's 128 rows all lie in it. Pass 1, a half-warp a row (8 columns a lane, 16 rows a\n"
-    "// warp): mlp_bwd_split's values rounded to bf16; dg | du's MXFP8 rows as mlp_bwd_split<Q>\n"
+    "// column's 128 rows all lie in it. Pass 1, a half-warp a row (8 columns a lane, SF_RPW rows\n"
+    "// a warp): mlp_bwd_split's values rounded to bf16; dg | du's MXFP8 rows as mlp_bwd_split<Q>\n"
     "// writes them (dq, dsc); each 8-column chunk's f32 dp partial into dpc (S, F / 8), summed by\n"
     "// mlp_dp_sum. Pass 2, dg, du and act in turn through one shared tile: each column's 128 rows\n"
     "// in E4M3 under one f32 scale, the bytes mxfp8_quantize_cols_experts writes from the bf16\n"
@@ -441,12 +441,13 @@ static const char *const src =
     "// or at columns Poff_e of one (C, ldq) matrix. F % 128 == 0 and 16-byte rows (the host checks).\n"
     "// The tile: 128 rows of 16 chunks (8 bf16), chunk k of row r at k ^ (r / 16), which keeps the\n"
     "// row stores of pass 1 and the column reads of pass 2 free of bank conflicts.\n"
+    "constexpr int SF_RPW = 128 / (SF_NT / 32); // rows a warp in pass 1\n"
     "__device__ void sf_cols_out(const u32x4 (&tile)[128][16], u8 *q, float *sf, i64 C, i64 col0, i64 poff, i64 P, i64 uu,\n"
     "                            i64 ldq) {\n"
     "  const int p = threadIdx.x % 8; // rows 16 p .. 16 p + 15: 8 lanes a column's 128 rows\n"
     "#pragma unroll\n"
-    "  for (int round = 0; round < 2; round++) {\n"
-    "    const int cw = round * 32 + threadIdx.x / 8; // word cw: tile columns 2 cw (low half), 2 cw + 1\n"
+    "  for (int round = 0; round < 512 / SF_NT; round++) {\n"
+    "    const int cw = round * (SF_NT / 8) + threadIdx.x / 8; // word cw: tile columns 2 cw (low half), 2 cw + 1\n"
     "    float va[2][16];\n"
     "#pragma unroll\n"
     "    for (int j = 0; j < 16; j++) {\n"
@@ -493,10 +494,10 @@ static const char *const src =
     "  const i64 c = c0 + hl * 8;\n"
     "  int dshift = 0; // dblock = 2^dshift\n"
     "  while ((1 << dshift) < dblock) dshift++;\n"
-    "  u32x4 ku[8], ka[8]; // du's and act's bf16 bits, kept for their turn in the tile\n"
+    "  u32x4 ku[SF_RPW / 2], ka[SF_RPW / 2]; // du's and act's bf16 bits, kept for their turn in the tile\n"
     "#pragma unroll\n"
-    "  for (int k = 0; k < 8; k++) {\n"
-    "    const int rl = warp * 16 + 2 * k + (lane >> 4); // the tile's row\n"
+    "  for (int k = 0; k < SF_RPW / 2; k++) {\n"
+    "    const int rl = warp * SF_RPW + 2 * k + (lane >> 4); // the tile's row\n"
     "    const bool in = rl < n;\n"
     "    const i64 r = start + uu * 128 + rl;\n"
     "    float g[8] = {}, u[8] = {}, d[8] = {}, pr = 0.0f;\n"
@@ -525,7 +526,7 @@ static const char *const src =
     "    mx_rows8(bg, in, dq + r * 2 * F, dsc + r * (2 * F / dblock), (u32)c, dshift);\n"
     "    mx_rows8(bu, in, dq + r * 2 * F, dsc + r * (2 * F / dblock), (u32)(F + c), dshift);\n"
     "    if (in) dpc[r * (F / 8) + c / 8] = dps;\n"
-    "    tile[rl][hl ^ warp] = bg;\n"
+    "    tile[rl][hl ^ rl >> 4] = bg;\n"
     "    ku[k] = bu;\n"
     "    ka[k] = in ? bf16x8(va) : z;\n"
     "  }\n"
@@ -533,12 +534,12 @@ static const char *const src =
     "  sf_cols_out(tile, qgu, sgu, 2 * F, c0, poff, P, uu, ldq);\n"
     "  __syncthreads();\n"
     "#pragma unroll\n"
-    "  for (int k = 0; k < 8; k++) tile[warp * 16 + 2 * k + (lane >> 4)][hl ^ warp] = ku[k];\n"
+    "  for (int k = 0; k < SF_RPW / 2; k++) tile[warp * SF_RPW + 2 * k + (lane >> 4)][hl ^ (warp * SF_RPW + 2 * k) >> 4] = ku[k];\n"
     "  __syncthreads();\n"
     "  sf_cols_out(tile, qgu, sgu, 2 * F, F + c0, poff, P, uu, ldq);\n"
     "  __syncthreads();\n"
     "#pragma unroll\n"
-    "  for (int k = 0; k < 8; k++) tile[warp * 16 + 2 * k + (lane >> 4)][hl ^ warp] = ka[k];\n"
+    "  for (int k = 0; k < SF_RPW / 2; k++) tile[warp * SF_RPW + 2 * k + (lane >> 4)][hl ^ (warp * SF_RPW + 2 * k) >> 4] = ka[k];\n"
     "  __syncthreads();\n"
     "  sf_cols_out(tile, qa, sa, F, c0, poff, P, uu, ldq);\n"
     "}\n"
@@ -559,7 +560,7 @@ static const char *const ctypes[] = {"float", "bf16"};
 
 void cg_emit_grouped(cg_buf *b, const cg_variant *v, int emu) {
   (void)v;
-  cg_printf(b, "enum { GT = %d };\n", CG_GT);
+  cg_printf(b, "enum { GT = %d };\nconstexpr int SF_NT = %d;\n", CG_GT, (int)CG_NT_SPLIT_FP8);
   cg_puts(b, cg_mx_codec);
   cg_puts(b, src);
   const char *kv[13];
@@ -578,7 +579,7 @@ void cg_emit_grouped(cg_buf *b, const cg_variant *v, int emu) {
                "const float *dact, const ${X} *gu, i64 ldg, const float *p, bf16 *dgu, bf16 *act, float *dp, i64 S, i64 F, "
                "const u8 *gq, const u8 *gsc, i64 gblock, u8 *dq, u8 *dsc, i64 dblock",
                q ? "mlp_bwd_split<${X}, true>" : "mlp_bwd_split<${X}, false>", kv, emu);
-    cg_entry(b, CG_NT_MX, "moec_mlp_bwd_split_fp8_${x}",
+    cg_entry(b, CG_NT_SPLIT_FP8, "moec_mlp_bwd_split_fp8_${x}",
              "const float *dact, const ${X} *gu, i64 ldg, const u8 *gq, const u8 *gsc, i64 gblock, const float *p, i64 F, "
              "const int *counts, i64 E, u8 *dq, u8 *dsc, i64 dblock, u8 *qgu, float *sgu, u8 *qa, float *sa, i64 ldq, float *dpc",
              "mlp_bwd_split_fp8<${X}>", kv, emu);

@@ -49,6 +49,7 @@ enum {
   CG_NT_ROUTE = 256,      /* route count / fill */
   CG_NT_CE = 256,         /* cross-entropy: 8 warps, a warp per row */
   CG_NT_MX = 256,         /* MXFP8 */
+  CG_NT_SPLIT_FP8 = 512,  /* mlp_bwd_split_fp8: a block a 128 x 128 tile (SF_NT) */
   CG_ACT_STORE_CHUNKS = 2, /* 8-element chunks a thread in mxfp8_quantize_act_store (AS_U) */
   CG_COLSUM_ROWS = 64,    /* rows per partial column sum */
   CG_ROUTE_CHUNK = 1024,  /* (t, j) pairs per block of the permutation */
