@@ -42,7 +42,7 @@ static gpu_ptr dcounts[2]; /* i32 (E) of each routing, on the device */
 static int routing_now;
 static char err[1024];
 
-/* MOEC_BENCH_ONLY=a,b,...: run only the sections named (gemm, quantize, mlp, adamw, router);
+/* MOEC_BENCH_ONLY=a,b,...: run only the sections named (gemm, quantize, mlp, splitfp8, adamw, router);
    unset: all of them */
 static int section(const char *name) {
   const char *only = getenv("MOEC_BENCH_ONLY");
@@ -247,6 +247,43 @@ int main(int argc, char **argv) {
       }
     }
     gpu_free(G, gw);
+  }
+  /* the split backward writing every FP8 operand (VIEW_SPLIT_FP8: dgate|dup's rows, dgate|dup's
+     and act's expert columns, no bf16 piece) against what it replaces: the split quantizing its
+     rows (VIEW_SPLIT_Q), then the column quantizes of its bf16 dgate|dup and act. Balanced
+     routing. Bytes an element of F: fused 12 (dact f32 4, gate|up E4M3 2, rows 2, columns 3,
+     dp's partials 1: written and read), apart 23 (the split_q's 14, then 4 + 2 and 2 + 1) */
+  for (size_t mi = 0; mi < (section("splitfp8") ? sizeof models / sizeof models[0] : 0); mi++) {
+    const int64_t F = models[mi].ffn, colb = S + 128 * E, units = S / 128 + E;
+    const gpu_ptr out = u.c, act = out + (gpu_ptr)(S * 2 * F) * 2, dp = act + (gpu_ptr)(S * F) * 2;
+    const gpu_ptr dq = dalloc((size_t)(S * 2 * F)), dsc = dalloc((size_t)(S * 2 * F / 32)),
+                  qgu = dalloc((size_t)(2 * F * colb)), sgu = dalloc((size_t)(2 * F * units) * 4),
+                  qa = dalloc((size_t)(F * colb)), sa = dalloc((size_t)(F * units) * 4), dpc = dalloc((size_t)(S * F / 8) * 4);
+    const gpu_ptr gq = u.b, gsc = u.b + (gpu_ptr)S * 2 * maxn;
+    const rt_split_fp8 o = {dq, dsc, 32, qgu, sgu, qa, sa, 0, dpc};
+    static const char *const names[] = {"split_fp8 (rows + columns, no bf16)", "split_q, then 2 column quantizes"};
+    for (int kn = 0; kn < 2; kn++)
+      for (int r = -1; r < reps; r++) { /* r = -1: warm-up */
+        void *e0, *e1;
+        gpu_event_new(G, &e0), gpu_event_new(G, &e1);
+        gpu_event_record(G, e0);
+        int rc = kn == 0 ? rt_cuda_mlp_bwd_split_fp8(KR, CG_DT_BF16, u.a, 0, 2 * F, gq, gsc, 32, u.sa, dcounts[0], E, dp, S, F, &o)
+                         : rt_cuda_mlp_bwd_split_mx(KR, CG_DT_BF16, u.a, 0, 2 * F, gq, gsc, 32, u.sa, out, act, dp, S, F, dq, dsc,
+                                                    32) ||
+                               rt_cuda_mxfp8_quantize_cols_experts_win(KR, CG_DT_BF16, out, 2 * F, 0, 0, S, 2 * F, dcounts[0], E, 0,
+                                                                       qgu, sgu, 0, 1, 0) ||
+                               rt_cuda_mxfp8_quantize_cols_experts_win(KR, CG_DT_BF16, act, F, 0, 0, S, F, dcounts[0], E, 0, qa,
+                                                                       sa, 0, 1, 0);
+        if (rc) die(rt_cuda_error(KR));
+        gpu_event_record(G, e1);
+        float ms = 0;
+        if (gpu_event_elapsed(G, e0, e1, &ms) != 0) die("timing");
+        gpu_event_free(G, e0), gpu_event_free(G, e1);
+        if (r == reps - 1)
+          printf("{\"model\":\"%s\",\"kernel\":\"%s\",\"ms\":%.4f,\"GB_per_s\":%.0f}\n", models[mi].name, names[kn], ms,
+                 (double)S * F * (kn ? 23 : 12) / (ms * 1e6));
+      }
+    gpu_free(G, dq), gpu_free(G, dsc), gpu_free(G, qgu), gpu_free(G, sgu), gpu_free(G, qa), gpu_free(G, sa), gpu_free(G, dpc);
   }
   /* the optimizer step of a gate_up weight stack (E, H, 2F) under the weight-tile recipe: AdamW
      writing the bf16 copies then both square quantizes (the copies path, MOEC_SQUARES=0) against

@@ -81,7 +81,9 @@
 #            copied, gradients unstacked), side by side (reuses the peer of genos or fp8prof) [250 s]
 #   ncuadamw ncukern's sections (below) for adamw_squares (f32 and bf16 moments) in bench_grouped_gemm [150 s]
 #   kbench   bench_grouped_gemm's memory-bound kernel and quantize lines alone (3 repetitions;
-#            MOEC_BENCH_ONLY=gemm,quantize,mlp,adamw,router picks sections)                    [60 s]
+#            MOEC_BENCH_ONLY=gemm,quantize,mlp,splitfp8,adamw,router picks sections)                    [60 s]
+#   kbenchsf the split writing every FP8 operand against the split_q and two column quantizes it
+#            replaces, at both models' shapes (bench_grouped_gemm's splitfp8 section, 20 reps) [60 s]
 #   kbenchab kbench's lines matching KB_GREP (default adamw) from bench_grouped_gemm_old, a build
 #            from before a kernel change carried beside, then from the new build                [120 s]
 #   ggemm    bench/grouped_gemm.sh: expert GEMMs bf16 / fp8 vs torch._grouped_mm [150 s]
@@ -370,6 +372,8 @@ for part in "${parts[@]}"; do
     done ;;
   kbench)
     timeout 60 "$C/bench_grouped_gemm" 3 2>&1 | grep '"kernel"\|"quantize"' ;;
+  kbenchsf)
+    MOEC_BENCH_ONLY=splitfp8 timeout 60 "$C/bench_grouped_gemm" 20 2>&1 | grep '"kernel"\|rror' ;;
   ggemm)
     BENCH=$C/bench_grouped_gemm timeout 150 bash bench/grouped_gemm.sh 20 "$L/ggemm" ;;
   wgmma)
