@@ -57,6 +57,22 @@ static void die(const char *what) {
   exit(1);
 }
 
+/* Events around queued work: the milliseconds between timer_start and timer_ms. */
+typedef struct {
+  void *e0, *e1;
+} timer;
+static timer timer_start(void) {
+  timer t = {0, 0};
+  if (gpu_event_new(G, &t.e0) || gpu_event_new(G, &t.e1) || gpu_event_record(G, t.e0)) die("events");
+  return t;
+}
+static float timer_ms(timer t) {
+  float ms = 0;
+  if (gpu_event_record(G, t.e1) || gpu_event_elapsed(G, t.e0, t.e1, &ms) != 0) die("timing");
+  gpu_event_free(G, t.e0), gpu_event_free(G, t.e1);
+  return ms;
+}
+
 static gpu_ptr dalloc(size_t bytes) {
   gpu_ptr p = 0;
   if (gpu_alloc(G, &p, bytes, "a benchmark buffer") != 0) die("alloc");
@@ -222,9 +238,7 @@ int main(int argc, char **argv) {
     for (int kn = 0; kn < 7; kn++) {
       double bytes = kn == 2 ? (double)E * H * 2 * F * 3 : (double)S * F * bytes_per_f[kn];
       for (int r = -1; r < reps; r++) { /* r = -1: warm-up */
-        void *e0, *e1;
-        gpu_event_new(G, &e0), gpu_event_new(G, &e1);
-        gpu_event_record(G, e0);
+        const timer tm = timer_start();
         int rc = kn == 0 || kn == 3
                      ? rt_cuda_mlp_bwd_split_mx(KR, CG_DT_BF16, u.a, 0, 2 * F, u.b, u.b + (gpu_ptr)S * 2 * maxn, 32, u.sa, out,
                                                 act, dp, S, F, kn == 3 ? dq : 0, kn == 3 ? dsc : 0, kn == 3 ? 32 : 0)
@@ -237,10 +251,7 @@ int main(int argc, char **argv) {
                            : rt_cuda_mxfp8_quantize_act_store(KR, CG_DT_BF16, gwin, W, u.sa, S, F, 32, 1, u.c, u.c + 200 * MB,
                                                               dq, dsc);
         if (rc) die(rt_cuda_error(KR));
-        gpu_event_record(G, e1);
-        float ms = 0;
-        if (gpu_event_elapsed(G, e0, e1, &ms) != 0) die("timing");
-        gpu_event_free(G, e0), gpu_event_free(G, e1);
+        const float ms = timer_ms(tm);
         if (r == reps - 1) /* the last, warm */
           printf("{\"model\":\"%s\",\"kernel\":\"%s\",\"ms\":%.4f,\"GB_per_s\":%.0f}\n", models[mi].name, names[kn], ms,
                  bytes / (ms * 1e6));
@@ -264,9 +275,7 @@ int main(int argc, char **argv) {
     static const char *const names[] = {"split_fp8 (rows + columns, no bf16)", "split_q, then 2 column quantizes"};
     for (int kn = 0; kn < 2; kn++)
       for (int r = -1; r < reps; r++) { /* r = -1: warm-up */
-        void *e0, *e1;
-        gpu_event_new(G, &e0), gpu_event_new(G, &e1);
-        gpu_event_record(G, e0);
+        const timer tm = timer_start();
         int rc = kn == 0 ? rt_cuda_mlp_bwd_split_fp8(KR, CG_DT_BF16, u.a, 0, 2 * F, gq, gsc, 32, u.sa, dcounts[0], E, dp, S, F, &o)
                          : rt_cuda_mlp_bwd_split_mx(KR, CG_DT_BF16, u.a, 0, 2 * F, gq, gsc, 32, u.sa, out, act, dp, S, F, dq, dsc,
                                                     32) ||
@@ -275,10 +284,7 @@ int main(int argc, char **argv) {
                                rt_cuda_mxfp8_quantize_cols_experts_win(KR, CG_DT_BF16, act, F, 0, 0, S, F, dcounts[0], E, 0, qa,
                                                                        sa, 0, 1, 0);
         if (rc) die(rt_cuda_error(KR));
-        gpu_event_record(G, e1);
-        float ms = 0;
-        if (gpu_event_elapsed(G, e0, e1, &ms) != 0) die("timing");
-        gpu_event_free(G, e0), gpu_event_free(G, e1);
+        const float ms = timer_ms(tm);
         if (r == reps - 1)
           printf("{\"model\":\"%s\",\"kernel\":\"%s\",\"ms\":%.4f,\"GB_per_s\":%.0f}\n", models[mi].name, names[kn], ms,
                  (double)S * F * (kn ? 23 : 12) / (ms * 1e6));
@@ -316,19 +322,14 @@ int main(int argc, char **argv) {
       hp.moments_bf16 = kn == 2 || kn == 4; /* the moments' buffers, f32-sized, read as bf16 */
       for (int64_t e = 0; e < E; e++) t[e].wb = kn >= 3 ? 0 : wb + (gpu_ptr)(e * n * 2);
       for (int r = -1; r < reps; r++) {
-        void *e0, *e1;
-        gpu_event_new(G, &e0), gpu_event_new(G, &e1);
-        gpu_event_record(G, e0);
+        const timer tm = timer_start();
         int rc = kn >= 3 ? rt_cuda_adamw_multi(KR, CG_DT_BF16, t, (int)E, 0, &hp)
                : kn == 0 ? rt_cuda_adamw_multi(KR, CG_DT_BF16, t, (int)E, 0, &hp) ||
                                rt_cuda_mxfp8_quantize_tiles(KR, CG_DT_BF16, wb, 0, E, H, C, 32, 0, q0, cd, b0) ||
                                rt_cuda_mxfp8_quantize_tiles(KR, CG_DT_BF16, wb, 0, E, H, C, 32, 1, q1, cd, b1)
                          : rt_cuda_adamw_squares(KR, tab, 1, E, H, C, CG_DT_BF16, gr, 0, &hp, 0.1, 32, q0, b0, q1, b1);
         if (rc) die(rt_cuda_error(KR));
-        gpu_event_record(G, e1);
-        float ms = 0;
-        if (gpu_event_elapsed(G, e0, e1, &ms) != 0) die("timing");
-        gpu_event_free(G, e0), gpu_event_free(G, e1);
+        const float ms = timer_ms(tm);
         if (r == reps - 1)
           printf("{\"model\":\"%s\",\"kernel\":\"%s\",\"ms\":%.4f,\"GB_per_s\":%.0f}\n", models[mi].name,
                  kn == 0   ? "adamw + bf16 copy, quantize_tiles x2 (E, H, 2F)"
