@@ -47,7 +47,8 @@
 #            fp8tilegn ran the gather as the opt-in), reusing fp8tile's peer          [100 s]
 #   fp8tilesf, og2tilesf  fp8tilemb / og2tilemb with MOEC_SPLIT_FP8=0 (dg | du's and act's FP8
 #            expert columns quantized from the split's bf16 pieces), then as is (the split writes
-#            them), side by side; runs the peer unless fp8tile / og2tile ran            [250 / 400 s]
+#            them), then with MOEC_SPLIT_AHEAD=1 (SF_RUNS picks), side by side; runs the peer
+#            unless fp8tile / og2tile ran                                               [300 / 500 s]
 #   fp8tilesq, og2tilesq  fp8tile / og2tile with MOEC_SPLIT_Q=0 (dgate|dup's rows quantize as a
 #            kernel of its own, not in the split backward), reusing their peers        [100 / 150 s]
 #   fp8tileaw, og2tileaw  fp8tile / og2tile with MOEC_ADAMW_OVERLAP=1 (AdamW beside the next
@@ -277,9 +278,10 @@ for part in "${parts[@]}"; do
   fp8tilesf | og2tilesf) # fp8tilemb / og2tilemb with MOEC_SPLIT_FP8=0, then as is, side by side (+ peer)
     m=genos_1b d=fp8tile t=150 && [ ${part#og2} != $part ] && m=og2_8x1b d=og2tile t=200
     peer_from "$L/$d" "$L/$part"
-    for sf in 0 1; do
-      bench LOGDIR=$L/$part PEER_SKIP=1 MOEC_SPLIT_FP8=$sf PRECISION='mxfp8(block=128,weight_tile=128)' \
-        MOEC_ARGS="$FUSED_MX --set moments=bf16" timeout $t bash bench/run_bench.sh $m
+    for sf in ${SF_RUNS:-0 1 ahead}; do # ahead: and MOEC_SPLIT_AHEAD=1
+      echo "MOEC_SPLIT_FP8=$sf:"
+      bench LOGDIR=$L/$part PEER_SKIP=1 MOEC_SPLIT_FP8=$([ $sf = 0 ] && echo 0 || echo 1) MOEC_SPLIT_AHEAD=$([ $sf = ahead ] && echo 1 || echo 0) \
+        PRECISION='mxfp8(block=128,weight_tile=128)' MOEC_ARGS="$FUSED_MX --set moments=bf16" timeout $t bash bench/run_bench.sh $m
       cp "$L/$part/moec_$m.out" "$L/$part/moec_${m}_sf$sf.out" 2>/dev/null
     done ;;
   fp8tilembcp)

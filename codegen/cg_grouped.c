@@ -439,6 +439,8 @@ static const char *const src =
     "// in E4M3 under one f32 scale, the bytes mxfp8_quantize_cols_experts writes from the bf16\n"
     "// pieces: qgu (2F, P_e) and sgu for dg | du, qa (F, P_e) and sa for act, at C Poff_e (ldq 0)\n"
     "// or at columns Poff_e of one (C, ldq) matrix. F % 128 == 0 and 16-byte rows (the host checks).\n"
+    "// ahead > 0: between the passes, the rows of block blockIdx.x + ahead's tile are sent for\n"
+    "// into L2 (one block an SM: ahead = the SMs is the block that comes next), a hint.\n"
     "// The tile: 128 rows of 16 chunks (8 bf16), chunk k of row r at k ^ (r / 16), which keeps the\n"
     "// row stores of pass 1 and the column reads of pass 2 free of bank conflicts.\n"
     "constexpr int SF_RPW = 128 / (SF_NT / 32); // rows a warp in pass 1\n"
@@ -482,7 +484,7 @@ static const char *const src =
     "template <class TG>\n"
     "__device__ void mlp_bwd_split_fp8(const float *dact, const TG *gu, i64 ldg, const u8 *gq, const u8 *gsc, i64 gblock,\n"
     "                                  const float *p, i64 F, const int *counts, i64 E, u8 *dq, u8 *dsc, i64 dblock, u8 *qgu,\n"
-    "                                  float *sgu, u8 *qa, float *sa, i64 ldq, float *dpc) {\n"
+    "                                  float *sgu, u8 *qa, float *sa, i64 ldq, float *dpc, i64 ahead) {\n"
     "  __shared__ u32x4 tile[128][16];\n"
     "  const i64 nct = F / 128, c0 = blockIdx.x % nct * 128;\n"
     "  i64 start = 0, m = -1, uu = 0, poff = 0;\n"
@@ -529,6 +531,21 @@ static const char *const src =
     "    tile[rl][hl ^ rl >> 4] = bg;\n"
     "    ku[k] = bu;\n"
     "    ka[k] = in ? bf16x8(va) : z;\n"
+    "  }\n"
+    "  if (ahead) { // the rows of the tile `ahead` blocks on sent for into L2 while this one writes\n"
+    "    i64 s2 = 0, m2 = -1, uu2 = 0, po2 = 0;\n"
+    "    const i64 nb = blockIdx.x + ahead, c2 = nb % nct * 128;\n"
+    "    expert_unit(counts, E, nb / nct, s2, m2, uu2, po2);\n"
+    "    const int r2 = threadIdx.x / 4, seg = threadIdx.x % 4; // 4 threads a row (SF_NT >= 512)\n"
+    "    if (m2 >= 0 && r2 < m2 - uu2 * 128) {\n"
+    "      const i64 r = s2 + uu2 * 128 + r2;\n"
+    "      prefetch_l2(dact + r * F + c2 + seg * 32); // 4 lines of 32 floats\n"
+    "      if (gq && seg < 2) prefetch_l2(gq + r * 2 * F + seg * F + c2);\n"
+    "      if (!gq && seg < (int)sizeof(TG)) {\n"
+    "        prefetch_l2(gu + r * ldg + c2 + seg * (128 / sizeof(TG)));\n"
+    "        prefetch_l2(gu + r * ldg + F + c2 + seg * (128 / sizeof(TG)));\n"
+    "      }\n"
+    "    }\n"
     "  }\n"
     "  __syncthreads();\n"
     "  sf_cols_out(tile, qgu, sgu, 2 * F, c0, poff, P, uu, ldq);\n"
@@ -581,7 +598,8 @@ void cg_emit_grouped(cg_buf *b, const cg_variant *v, int emu) {
                q ? "mlp_bwd_split<${X}, true>" : "mlp_bwd_split<${X}, false>", kv, emu);
     cg_entry(b, CG_NT_SPLIT_FP8, "moec_mlp_bwd_split_fp8_${x}",
              "const float *dact, const ${X} *gu, i64 ldg, const u8 *gq, const u8 *gsc, i64 gblock, const float *p, i64 F, "
-             "const int *counts, i64 E, u8 *dq, u8 *dsc, i64 dblock, u8 *qgu, float *sgu, u8 *qa, float *sa, i64 ldq, float *dpc",
+             "const int *counts, i64 E, u8 *dq, u8 *dsc, i64 dblock, u8 *qgu, float *sgu, u8 *qa, float *sa, i64 ldq, float *dpc, "
+             "i64 ahead",
              "mlp_bwd_split_fp8<${X}>", kv, emu);
     cg_entry(b, CG_NT_EW, "moec_mlp_act_${x}", "const ${X} *gu, i64 ldg, const float *p, ${X} *act, i64 S, i64 F",
              "mlp_act<${X}>", kv, emu);

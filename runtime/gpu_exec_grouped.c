@@ -570,8 +570,11 @@ int exec_GROUPED_MLP_BWD(gx *x, int id) {
                    packed_bufs(x, cq[1], (size_t)(F * colb), (size_t)F * scales) || pool_buf(x, id, (size_t)(S * F / 8) * 4, &dpc)
                ? -1
                : 0;
+      /* MOEC_SPLIT_AHEAD=1: each block sends the next wave's rows into L2 (one block an SM) */
+      const char *ah = getenv("MOEC_SPLIT_AHEAD");
       const rt_split_fp8 o = {x->val[fq].q8, x->val[fq].s8, fblock, x->val[cq[0]].q8, x->val[cq[0]].s8,
-                              x->val[cq[1]].q8, x->val[cq[1]].s8, ldq, dpc};
+                              x->val[cq[1]].q8, x->val[cq[1]].s8, ldq, dpc,
+                              ah && strcmp(ah, "1") == 0 ? gpu_info(x->rt->g)->sm_count : 0};
       if (rc == 0)
         rc = ck(x, id, rt_cuda_mlp_bwd_split_fp8(KX, DT(x, gu), dact, gup, ldg, q >= 0 ? x->val[q].q8 : 0,
                                                  q >= 0 ? x->val[q].s8 : 0, q >= 0 ? ir_get_int(N(q), "block", 32) : 0,

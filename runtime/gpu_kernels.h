@@ -282,6 +282,7 @@ typedef struct {
   gpu_ptr qa, sa;   /* act's, C = F */
   int64_t ldq;      /* 0: (C, P_e) blocks one after another; else one (C, ldq) matrix */
   gpu_ptr dpc;      /* scratch, f32 (S, F / 8) */
+  int64_t ahead;    /* > 0: each block sends for the rows of the tile this many blocks on (an L2 hint) */
 } rt_split_fp8;
 int rt_cuda_mlp_bwd_split_fp8(rt_cuda *k, cg_dtype tgu, gpu_ptr dact, gpu_ptr gate_up, int64_t ldg, gpu_ptr gq, gpu_ptr gsc,
                               int64_t gblock, gpu_ptr probs, gpu_ptr counts, int64_t E, gpu_ptr dp, int64_t S, int64_t F,

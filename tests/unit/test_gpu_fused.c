@@ -383,7 +383,7 @@ static void test_mlp_bwd_split_fp8(cg_dtype t, int64_t Fq, int mx, int wide) {
   RUN(rt_cuda_mxfp8_quantize_cols_experts_win(K, CG_DT_BF16, s1 + (gpu_ptr)(n2 * 2), Fq, 0, 0, S, Fq, dc, E4, ldq, o[4], o[5],
                                               0, 1, 0));
   o = out[1];
-  rt_split_fp8 f = {o[0], o[1], block, o[2], o[3], o[4], o[5], ldq, dpc};
+  rt_split_fp8 f = {o[0], o[1], block, o[2], o[3], o[4], o[5], ldq, dpc, mx}; /* mx: with the L2 hint too */
   RUN(rt_cuda_mlp_bwd_split_fp8(K, t, dd, mx ? 0 : window, ldg, gq, gsc, 32, dp, dc, E4, o[6], S, Fq, &f));
   static const char *const what[7] = {"dg | du's rows", "their codes", "dg | du's columns", "their scales",
                                       "act's columns",  "their scales", "dp"};
