@@ -44,7 +44,8 @@ typedef enum {
   VIEW_SPLIT_FP8 = 14, /* a packing expert-columns quantize (FP8_COLS) of a split's dg | du or act (through its
                           piece and cast), where the split also quantizes dg | du's rows (VIEW_SPLIT_Q) and
                           nothing else reads either piece: runs nothing, the split writes its columns
-                          (rt_cuda_mlp_bwd_split_fp8) and has no bf16 pieces at all, only dp (gpu_split_fp8) */
+                          (rt_cuda_mlp_bwd_split_fp8) and has no bf16 pieces at all, only dp (gpu_split_fp8);
+                          the executor makes them with MOEC_SPLIT_FP8=1 */
   VIEW_KINDS
 } gpu_view;
 
