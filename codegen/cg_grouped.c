@@ -444,6 +444,7 @@ static const char *const src =
     "// The tile: 128 rows of 16 chunks (8 bf16), chunk k of row r at k ^ (r / 16), which keeps the\n"
     "// row stores of pass 1 and the column reads of pass 2 free of bank conflicts.\n"
     "constexpr int SF_RPW = 128 / (SF_NT / 32); // rows a warp in pass 1\n"
+    "static_assert(SF_NT == 256 || SF_NT == 512, \"pass 2 takes 512 / SF_NT rounds, the hint 4 threads a row\");\n"
     "__device__ void sf_cols_out(const u32x4 (&tile)[128][16], u8 *q, float *sf, i64 C, i64 col0, i64 poff, i64 P, i64 uu,\n"
     "                            i64 ldq) {\n"
     "  const int p = threadIdx.x % 8; // rows 16 p .. 16 p + 15: 8 lanes a column's 128 rows\n"
