@@ -33,6 +33,10 @@ extern const char *const cg_mx_codec;
  * also a host trampoline emu_NAME(void **a) that unpacks a[] as cuLaunchKernel's args. */
 void cg_entry(cg_buf *b, int threads, const char *name, const char *params, const char *impl,
               const char *const *kv, int emu);
+/* The same with __launch_bounds__(threads, min_blocks): the registers capped so that min_blocks
+ * blocks fit an SM (min_blocks 0: no cap). */
+void cg_entry_occ(cg_buf *b, int threads, int min_blocks, const char *name, const char *params, const char *impl,
+                  const char *const *kv, int emu);
 
 /* Fills kv (at least 9 slots) with X/x and W/w = the C type and name of dtypes x and w:
  * "X" "bf16" "x" "bf16" "W" "float" "w" "f32" NULL. */

@@ -285,6 +285,11 @@ static int split_param(const char *p, size_t n, char *type, size_t tl, char *nam
 
 void cg_entry(cg_buf *b, int threads, const char *name_t, const char *params_t, const char *impl_t,
               const char *const *kv, int emu) {
+  cg_entry_occ(b, threads, 0, name_t, params_t, impl_t, kv, emu);
+}
+
+void cg_entry_occ(cg_buf *b, int threads, int min_blocks, const char *name_t, const char *params_t, const char *impl_t,
+                  const char *const *kv, int emu) {
   cg_buf nm, pr, im;
   cg_buf_init(&nm);
   cg_buf_init(&pr);
@@ -295,7 +300,9 @@ void cg_entry(cg_buf *b, int threads, const char *name_t, const char *params_t, 
   if (nm.oom || pr.oom || im.oom) {
     b->oom = 1;
   } else {
-    cg_printf(b, "extern \"C\" __global__ void __launch_bounds__(%d) %s(%s) {\n  %s(", threads, nm.s, pr.s, im.s);
+    char bounds[32];
+    snprintf(bounds, sizeof bounds, min_blocks > 0 ? "%d, %d" : "%d", threads, min_blocks);
+    cg_printf(b, "extern \"C\" __global__ void __launch_bounds__(%s) %s(%s) {\n  %s(", bounds, nm.s, pr.s, im.s);
     cg_buf call, un; /* the call's arguments, and the trampoline's unpacking */
     cg_buf_init(&call);
     cg_buf_init(&un);

@@ -50,6 +50,8 @@ enum {
   CG_NT_CE = 256,         /* cross-entropy: 8 warps, a warp per row */
   CG_NT_MX = 256,         /* MXFP8 */
   CG_NT_SPLIT_FP8 = 512,  /* mlp_bwd_split_fp8: a block a 128 x 128 tile (SF_NT) */
+  CG_SPLIT_FP8_MINB = 2,  /* mlp_bwd_split_fp8: blocks an SM (its launch bounds) */
+  CG_SPLIT_FP8_SMEM = 3 * 128 * 128 * 2, /* mlp_bwd_split_fp8: its three bf16 tiles (dynamic) */
   CG_ACT_STORE_CHUNKS = 2, /* 8-element chunks a thread in mxfp8_quantize_act_store (AS_U) */
   CG_COLSUM_ROWS = 64,    /* rows per partial column sum */
   CG_ROUTE_CHUNK = 1024,  /* (t, j) pairs per block of the permutation */

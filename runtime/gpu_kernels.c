@@ -244,14 +244,22 @@ static void *function(rt_cuda *k, cg_family f, const cg_variant *v, const char *
 
 int rtk_launch(rt_cuda *k, cg_family f, const cg_variant *v, const char *name, uint64_t gx, uint64_t gy,
                unsigned threads, void **args) {
+  return rtk_launch_smem(k, f, v, name, gx, gy, threads, 0, args);
+}
+
+int rtk_launch_smem(rt_cuda *k, cg_family f, const cg_variant *v, const char *name, uint64_t gx, uint64_t gy,
+                    unsigned threads, unsigned smem, void **args) {
   static const cg_variant none = {0, 0};
   if (!v) v = &none;
   if (gx == 0 || gy == 0) return 0;
   if (gx > 0x7fffffffu || gy > 65535) return rtk_fail(k, "%s: grid %llu x %llu is too large", name, (unsigned long long)gx, (unsigned long long)gy);
   void *fn = function(k, f, v, name);
   if (!fn) return -1;
+  /* over 48 KiB a block must be allowed first (a host call, no stream work: fine in a capture) */
+  if (smem > 48 * 1024 && gpu_set_max_smem(k->g, fn, (int)smem) != 0)
+    return rtk_fail(k, "%s: %u bytes of shared memory a block, more than this GPU allows: %s", name, smem, gpu_error(k->g));
   const unsigned grid[3] = {(unsigned)gx, (unsigned)gy, 1}, block[3] = {threads, 1, 1};
-  if (gpu_launch(k->g, fn, name, grid, block, 0, args) != 0) return rtk_fail(k, "%s", gpu_error(k->g));
+  if (gpu_launch(k->g, fn, name, grid, block, smem, args) != 0) return rtk_fail(k, "%s", gpu_error(k->g));
   return 0;
 }
 

@@ -233,7 +233,7 @@ int rt_cuda_mlp_bwd_split_fp8(rt_cuda *k, cg_dtype tgu, gpu_ptr dact, gpu_ptr ga
   int64_t nct = F / 128, dblock = o->dblock, ldq = o->ldq, ahead = o->ahead > 0 ? o->ahead : 0;
   gpu_ptr dq = o->dq, dsc = o->dsc, qgu = o->qgu, sgu = o->sgu, qa = o->qa, sa = o->sa, dpc = o->dpc;
   /* a block a tile of 128 rows of one expert by 128 columns; spare units return */
-  if (rtk_launch(k, FAM, NULL, name, (uint64_t)((S / 128 + E) * nct), 1, CG_NT_SPLIT_FP8,
+  if (rtk_launch_smem(k, FAM, NULL, name, (uint64_t)((S / 128 + E) * nct), 1, CG_NT_SPLIT_FP8, CG_SPLIT_FP8_SMEM,
                  ARGS(&dact, &gate_up, &ldg, &gq, &gsc, &gblock, &probs_, &F, &counts, &E, &dq, &dsc, &dblock, &qgu, &sgu, &qa,
                       &sa, &ldq, &dpc, &ahead)) != 0)
     return -1;

@@ -36,6 +36,9 @@ int rtk_fail(rt_cuda *k, const char *fmt, ...) __attribute__((format(printf, 2, 
  * per block; args as for cuLaunchKernel. Compiles and loads the module on first use. */
 int rtk_launch(rt_cuda *k, cg_family f, const cg_variant *v, const char *name, uint64_t gx, uint64_t gy,
                unsigned threads, void **args);
+/* The same with `smem` bytes of dynamic shared memory a block (over 48 KiB: allowed first). */
+int rtk_launch_smem(rt_cuda *k, cg_family f, const cg_variant *v, const char *name, uint64_t gx, uint64_t gy,
+                    unsigned threads, unsigned smem, void **args);
 /* The same with a grid.z (a third grid dimension; the family's default variant). */
 int rtk_launch3(rt_cuda *k, cg_family f, const char *name, uint64_t gx, uint64_t gy, uint64_t gz, unsigned threads,
                 void **args);

@@ -49,8 +49,9 @@ for b in "${bins[@]}"; do
     fi
   done < <(ldd "$b")
 done
-# OpenBLAS's own dependencies (gfortran, quadmath) are not needed by the stand-in
-if [ -e "$out/libopenblas.so.0" ] && ! ldd "$out/libopenblas.so.0" | grep -q gfortran; then
+# OpenBLAS's own dependencies (gfortran, quadmath) are not needed by the stand-in (grep reads
+# all of ldd's output: grep -q could leave early, ldd die of SIGPIPE, and pipefail drop them)
+if [ -e "$out/libopenblas.so.0" ] && ! ldd "$out/libopenblas.so.0" | grep gfortran >/dev/null; then
   rm -f "$out/libgfortran.so.5" "$out/libquadmath.so.0"
 fi
 echo "gpu_bundle: ${#bins[@]} binaries and $(ls "$out" | wc -l) libraries, $(du -sh "$carry" | cut -f1), in $carry"
