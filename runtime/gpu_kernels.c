@@ -219,27 +219,36 @@ static uint32_t fnv1a(const char *s) {
   return h;
 }
 
+/* The slot of kernel `name` in k->fns (compiled and loaded on first use), -1 on failure. */
+static int function_slot(rt_cuda *k, cg_family f, const cg_variant *v, const char *name);
+
 static void *function(rt_cuda *k, cg_family f, const cg_variant *v, const char *name) {
+  const int h = function_slot(k, f, v, name);
+  return h < 0 ? NULL : k->fns[h].fn;
+}
+
+static int function_slot(rt_cuda *k, cg_family f, const cg_variant *v, const char *name) {
   char mod[64], key[128];
   cg_module_name(f, v, mod, sizeof mod);
   snprintf(key, sizeof key, "%s/%s", mod, name);
   uint32_t h = fnv1a(key) % RTK_FN_SLOTS;
   for (uint32_t probe = 0; probe < RTK_FN_SLOTS; probe++, h = (h + 1) % RTK_FN_SLOTS) {
-    if (strcmp(k->fns[h].key, key) == 0) return k->fns[h].fn;
+    if (strcmp(k->fns[h].key, key) == 0) return (int)h;
     if (k->fns[h].key[0]) continue;
     int m = module_index(k, f, v);
-    if (m < 0) return NULL;
+    if (m < 0) return -1;
     void *fn;
     if (gpu_function(k->g, k->mods[m].mod, name, &fn) != 0) {
       rtk_fail(k, "%s", gpu_error(k->g));
-      return NULL;
+      return -1;
     }
     snprintf(k->fns[h].key, sizeof k->fns[h].key, "%s", key);
     k->fns[h].fn = fn;
-    return fn;
+    k->fns[h].smem_max = 0;
+    return (int)h;
   }
   rtk_fail(k, "kernel table full");
-  return NULL;
+  return -1;
 }
 
 int rtk_launch(rt_cuda *k, cg_family f, const cg_variant *v, const char *name, uint64_t gx, uint64_t gy,
@@ -253,11 +262,16 @@ int rtk_launch_smem(rt_cuda *k, cg_family f, const cg_variant *v, const char *na
   if (!v) v = &none;
   if (gx == 0 || gy == 0) return 0;
   if (gx > 0x7fffffffu || gy > 65535) return rtk_fail(k, "%s: grid %llu x %llu is too large", name, (unsigned long long)gx, (unsigned long long)gy);
-  void *fn = function(k, f, v, name);
-  if (!fn) return -1;
-  /* over 48 KiB a block must be allowed first (a host call, no stream work: fine in a capture) */
-  if (smem > 48 * 1024 && gpu_set_max_smem(k->g, fn, (int)smem) != 0)
-    return rtk_fail(k, "%s: %u bytes of shared memory a block, more than this GPU allows: %s", name, smem, gpu_error(k->g));
+  const int h = function_slot(k, f, v, name);
+  if (h < 0) return -1;
+  void *fn = k->fns[h].fn;
+  /* over 48 KiB a block must be allowed first, once a kernel (a host call, no stream work) */
+  if (smem > 48 * 1024 && smem > k->fns[h].smem_max) {
+    if (gpu_set_max_smem(k->g, fn, (int)smem) != 0)
+      return rtk_fail(k, "%s: %u bytes of shared memory a block, more than this GPU allows: %s", name, smem,
+                      gpu_error(k->g));
+    k->fns[h].smem_max = smem;
+  }
   const unsigned grid[3] = {(unsigned)gx, (unsigned)gy, 1}, block[3] = {threads, 1, 1};
   if (gpu_launch(k->g, fn, name, grid, block, smem, args) != 0) return rtk_fail(k, "%s", gpu_error(k->g));
   return 0;

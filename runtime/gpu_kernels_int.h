@@ -19,6 +19,7 @@ struct rt_cuda {
   struct {
     char key[128]; /* "module/kernel"; "" = empty slot */
     void *fn;
+    unsigned smem_max; /* the dynamic shared memory it was allowed (over 48 KiB; rtk_launch_smem) */
   } fns[RTK_FN_SLOTS];
   gpu_ptr err_flag;   /* i32 (), the device error flag */
   gpu_ptr ws;         /* scratch for partial sums, grown on demand */
