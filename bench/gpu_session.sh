@@ -46,9 +46,10 @@
 #            FP8 quantizes gathering the permuted rows, the default since 2026-12-06; until then
 #            fp8tilegn ran the gather as the opt-in), reusing fp8tile's peer          [100 s]
 #   fp8tilesf, og2tilesf  fp8tilemb / og2tilemb with MOEC_SPLIT_FP8=0 (dg | du's and act's FP8
-#            expert columns quantized from the split's bf16 pieces; the default), then =1 (the
-#            split writes them), then with MOEC_SPLIT_AHEAD=1 too (SF_RUNS picks), side by side; runs the peer
-#            unless fp8tile / og2tile ran                                               [300 / 500 s]
+#            expert columns quantized from the split's bf16 pieces), then =1 (the split writes
+#            them; the default), then with MOEC_SPLIT_AHEAD=1 too (SF_RUNS picks), side by side; runs
+#            the peer unless fp8tile / og2tile ran (og2's peer needs more than og2tilesf's 200 s a
+#            run: run og2tile first)                                                    [300 / 500 s]
 #   fp8tilesq, og2tilesq  fp8tile / og2tile with MOEC_SPLIT_Q=0 (dgate|dup's rows quantize as a
 #            kernel of its own, not in the split backward), reusing their peers        [100 / 150 s]
 #   fp8tileaw, og2tileaw  fp8tile / og2tile with MOEC_ADAMW_OVERLAP=1 (AdamW beside the next

@@ -1139,13 +1139,13 @@ gpu_exec *gpu_exec_new(gpu_runtime *rt, const ir_graph *g, char *err, size_t err
   /* VIEW_GATHER: the FP8 quantizes gather the permuted rows (docs/cuda.md); the default since
      it ran on an H100 (bench/RESULTS.md, 2026-12-06 second session). MOEC_GATHER=0 writes the
      permute out as before. MOEC_SPLIT_Q=0: dg | du's rows quantize as a kernel of its own, not
-     in the split backward (VIEW_SPLIT_Q). MOEC_SPLIT_FP8=1: the split writes the expert columns
-     of dg | du and act too, and no bf16 piece (VIEW_SPLIT_FP8; opt-in until timed on a GPU,
-     docs/cuda.md). MOEC_COLS_VIEW=0: attention_bwd's dq | dk | dv copied out by their slices
+     in the split backward (VIEW_SPLIT_Q). The split writes the expert columns of dg | du and act
+     too, and no bf16 piece (VIEW_SPLIT_FP8; the default since it ran faster on an H100,
+     bench/RESULTS.md, 2026-12-07 tenth session); MOEC_SPLIT_FP8=0 leaves them to quantizes. MOEC_COLS_VIEW=0: attention_bwd's dq | dk | dv copied out by their slices
      (VIEW_COLS). */
   const char *ga = getenv("MOEC_GATHER"), *sq = getenv("MOEC_SPLIT_Q"), *co = getenv("MOEC_COLS_VIEW"),
              *sf = getenv("MOEC_SPLIT_FP8");
-  const int split_q = sq && strcmp(sq, "0") == 0 ? 0 : sf && strcmp(sf, "1") == 0 ? 2 : 1;
+  const int split_q = sq && strcmp(sq, "0") == 0 ? 0 : sf && strcmp(sf, "0") == 0 ? 1 : 2;
   gpu_views_plan(g, &x->fp8, !x->grouped_device, !(ga && strcmp(ga, "0") == 0), split_q, !(co && strcmp(co, "0") == 0),
                  x->last_use, x->view);
   plan_gate_up_stores(x);
