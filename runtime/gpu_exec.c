@@ -1141,8 +1141,8 @@ gpu_exec *gpu_exec_new(gpu_runtime *rt, const ir_graph *g, char *err, size_t err
      permute out as before. MOEC_SPLIT_Q=0: dg | du's rows quantize as a kernel of its own, not
      in the split backward (VIEW_SPLIT_Q). The split writes the expert columns of dg | du and act
      too, and no bf16 piece (VIEW_SPLIT_FP8; the default since it ran faster on an H100,
-     bench/RESULTS.md, 2026-12-07 tenth session); MOEC_SPLIT_FP8=0 leaves them to quantizes. MOEC_COLS_VIEW=0: attention_bwd's dq | dk | dv copied out by their slices
-     (VIEW_COLS). */
+     bench/RESULTS.md, 2026-12-07 tenth session); MOEC_SPLIT_FP8=0 leaves them to quantizes.
+     MOEC_COLS_VIEW=0: attention_bwd's dq | dk | dv copied out by their slices (VIEW_COLS). */
   const char *ga = getenv("MOEC_GATHER"), *sq = getenv("MOEC_SPLIT_Q"), *co = getenv("MOEC_COLS_VIEW"),
              *sf = getenv("MOEC_SPLIT_FP8");
   const int split_q = sq && strcmp(sq, "0") == 0 ? 0 : sf && strcmp(sf, "0") == 0 ? 1 : 2;

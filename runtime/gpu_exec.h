@@ -55,7 +55,7 @@ int gpu_exec_squares(const gpu_exec *x);
 /* How many nodes of x's graph are views of kind `view` (gpu_views.h): VIEW_GATHER, the expert
  * permutes whose FP8 quantizes gather their rows (MOEC_GATHER=0 turns them off); VIEW_SPLIT_Q,
  * the rows quantizes the split backwards make (MOEC_SPLIT_Q=0); VIEW_SPLIT_FP8, the expert
- * columns quantizes they make (MOEC_SPLIT_FP8=1; off by default). */
+ * columns quantizes they make (MOEC_SPLIT_FP8=0 turns them off). */
 int gpu_exec_views(const gpu_exec *x, int view);
 /* The launches (each with its event) of the last AdamW update queued beside the next forward
  * (MOEC_ADAMW_OVERLAP=1, gpu_exec_update.c); 0 when it ran on the main stream (the default). */

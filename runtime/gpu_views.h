@@ -45,7 +45,7 @@ typedef enum {
                           piece and cast), where the split also quantizes dg | du's rows (VIEW_SPLIT_Q) and
                           nothing else reads either piece: runs nothing, the split writes its columns
                           (rt_cuda_mlp_bwd_split_fp8) and has no bf16 pieces at all, only dp (gpu_split_fp8);
-                          the executor makes them with MOEC_SPLIT_FP8=1 */
+                          the executor makes them unless MOEC_SPLIT_FP8=0 */
   VIEW_KINDS
 } gpu_view;
 
