@@ -450,10 +450,10 @@ static const char *const src =
     "// tile's columns: 128 rows in E4M3 under one f32 scale, the bytes mxfp8_quantize_cols_experts\n"
     "// writes from the bf16 pieces: qgu (2F, P_e) and sgu for dg | du, qa (F, P_e) and sa for act,\n"
     "// at C Poff_e (ldq 0) or at columns Poff_e of one (C, ldq) matrix. F % 128 == 0 and 16-byte\n"
-    "// rows (the host checks). Two blocks an SM (CG_SPLIT_FP8_MINB: 64 registers; 2 x 96 KiB of\n"
-    "// dynamic shared memory), so that one block's loads run while the other quantizes columns: with one\n"
-    "// block of 16 warps an SM and du, act kept in registers (113), ncu found the H100 issuing\n"
-    "// every 2.5 cycles, stalled on loads, at 1.25 TB/s.\n"
+    "// rows (the host checks). Two blocks an SM for bf16 gate_up (CG_SPLIT_FP8_MINB: 64 registers;\n"
+    "// 2 x 96 KiB of dynamic shared memory), so that one block's loads run while the other\n"
+    "// quantizes columns: with one block of 16 warps an SM and du, act kept in registers (113),\n"
+    "// ncu found the H100 issuing every 2.5 cycles, stalled on loads, at 1.25 TB/s.\n"
     "// ahead > 0: between the passes, the rows of block blockIdx.x + ahead's tile are sent for\n"
     "// into L2, a hint.\n"
     "// A tile: 128 rows of 16 chunks (8 bf16), chunk k of row r at k ^ (r / 16), which keeps the\n"
@@ -600,7 +600,9 @@ void cg_emit_grouped(cg_buf *b, const cg_variant *v, int emu) {
                "const float *dact, const ${X} *gu, i64 ldg, const float *p, bf16 *dgu, bf16 *act, float *dp, i64 S, i64 F, "
                "const u8 *gq, const u8 *gsc, i64 gblock, u8 *dq, u8 *dsc, i64 dblock",
                q ? "mlp_bwd_split<${X}, true>" : "mlp_bwd_split<${X}, false>", kv, emu);
-    cg_entry_occ(b, CG_NT_SPLIT_FP8, CG_SPLIT_FP8_MINB, "moec_mlp_bwd_split_fp8_${x}",
+    /* two blocks an SM for bf16 gate_up (mxfp8 steps'); capped at 64 registers, the f32 one
+       (twice the load registers) spilled 84 bytes, so it keeps its registers, one block an SM */
+    cg_entry_occ(b, CG_NT_SPLIT_FP8, x == CG_DT_BF16 ? CG_SPLIT_FP8_MINB : 0, "moec_mlp_bwd_split_fp8_${x}",
              "const float *dact, const ${X} *gu, i64 ldg, const u8 *gq, const u8 *gsc, i64 gblock, const float *p, i64 F, "
              "const int *counts, i64 E, u8 *dq, u8 *dsc, i64 dblock, u8 *qgu, float *sgu, u8 *qa, float *sa, i64 ldq, float *dpc, "
              "i64 ahead",
