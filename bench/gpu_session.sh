@@ -99,7 +99,8 @@
 #            4 steps each, then the peer at the same length (expected to run out of memory) [300 s]
 # where the GPU's time goes, from Nsight Compute (ncu: per-kernel GPU time, no event gaps)
 #   ncustep  genos_1b mxfp8(block=128, weight_tile=128) fused, step 5 alone under ncu: every
-#            kernel's own time summed by kernel, against the unprofiled step (the GPU's idle share) [200 s]
+#            kernel's own time summed by kernel, against the unprofiled step (the GPU's idle share);
+#            NCU_WIDE=1 adds each kernel's DRAM %, occupancy and registers (not yet run)     [200 s]
 #   ncustepmx  the same with mxfp8(block=128)                                                  [200 s]
 #   ncustepog2 ncustep on og2_8x1b                                                            [300 s]
 #   ncukern  ncu's speed-of-light, memory, occupancy, warp-stall and source sections for
@@ -359,8 +360,10 @@ for part in "${parts[@]}"; do
     prec='mxfp8(block=128,weight_tile=128)'; [ $part = ncustepmx ] && prec='mxfp8(block=128)'
     model=genos_1b lim=200; [ $part = ncustepog2 ] && model=og2_8x1b lim=300
     NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+    metrics=gpu__time_duration.sum # NCU_WIDE=1: and each kernel's DRAM %, occupancy, registers (more replays)
+    [ "${NCU_WIDE:-0}" = 1 ] && metrics=$metrics,dram__throughput.avg.pct_of_peak_sustained_elapsed,sm__warps_active.avg.pct_of_peak_sustained_active,launch__registers_per_thread
     MOEC_PROFILE_STEP=5 timeout $lim "$NCU" --profile-from-start off --clock-control none --cache-control none \
-      --metrics gpu__time_duration.sum --csv --log-file "$L/$part.csv" "$C/moec" train models/$model.moe --device cuda \
+      --metrics $metrics --csv --log-file "$L/$part.csv" "$C/moec" train models/$model.moe --device cuda \
       --set precision="$prec" --steps 5 --set val_every=0 --val-batches 1 --data data/chr20_slice.fa.gz \
       --log "$L/$part.jsonl" $FUSED_MX >"$L/$part.out" 2>&1; echo "ncu rc $?"
     step_ms=$(grep '"step":4,' "$L/$part.jsonl" | sed 's/.*"tokens_per_s":\([0-9.]*\).*/\1/' | awk '{printf "%.2f", 8192000 / $1}')
