@@ -502,7 +502,8 @@ static const char *const src =
     "__device__ void mlp_bwd_split_fp8(const float *dact, const TG *gu, i64 ldg, const u8 *gq, const u8 *gsc, i64 gblock,\n"
     "                                  const float *p, i64 F, const int *counts, i64 E, u8 *dq, u8 *dsc, i64 dblock, u8 *qgu,\n"
     "                                  float *sgu, u8 *qa, float *sa, i64 ldq, float *dpc, i64 ahead) {\n"
-    "  SF_SMEM_DECL; // u32x4 sf_smem[3 * 128 * 16]: the dg, du and act tiles\n"
+    "  SF_SMEM_DECL; // the dg, du and act tiles\n"
+    "  static_assert(SF_SMEM == 3 * sizeof(u32x4[128][16]), \"the launcher's shared memory: three tiles\");\n"
     "  u32x4 (*tile)[128][16] = reinterpret_cast<u32x4 (*)[128][16]>(sf_smem);\n"
     "  const i64 nct = F / 128, c0 = blockIdx.x % nct * 128;\n"
     "  i64 start = 0, m = -1, uu = 0, poff = 0;\n"
@@ -580,8 +581,9 @@ void cg_emit_grouped(cg_buf *b, const cg_variant *v, int emu) {
   cg_printf(b, "enum { GT = %d };\nconstexpr int SF_NT = %d;\n", CG_GT, (int)CG_NT_SPLIT_FP8);
   /* the split_fp8 tiles: dynamic on the GPU (over the 48 KiB a static array may take), a static
      array under the emulator (which has no dynamic shared memory; its __shared__ is static) */
+  cg_printf(b, "constexpr int SF_SMEM = %d; // bytes, as the launcher passes them\n", (int)CG_SPLIT_FP8_SMEM);
   cg_printf(b, "#define SF_SMEM_DECL %s u32x4 sf_smem[%s]\n", emu ? "__shared__" : "extern __shared__",
-            emu ? "3 * 128 * 16" : "");
+            emu ? "SF_SMEM / 16" : "");
   cg_puts(b, cg_mx_codec);
   cg_puts(b, src);
   const char *kv[13];

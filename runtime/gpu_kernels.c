@@ -220,13 +220,6 @@ static uint32_t fnv1a(const char *s) {
 }
 
 /* The slot of kernel `name` in k->fns (compiled and loaded on first use), -1 on failure. */
-static int function_slot(rt_cuda *k, cg_family f, const cg_variant *v, const char *name);
-
-static void *function(rt_cuda *k, cg_family f, const cg_variant *v, const char *name) {
-  const int h = function_slot(k, f, v, name);
-  return h < 0 ? NULL : k->fns[h].fn;
-}
-
 static int function_slot(rt_cuda *k, cg_family f, const cg_variant *v, const char *name) {
   char mod[64], key[128];
   cg_module_name(f, v, mod, sizeof mod);
@@ -249,6 +242,11 @@ static int function_slot(rt_cuda *k, cg_family f, const cg_variant *v, const cha
   }
   rtk_fail(k, "kernel table full");
   return -1;
+}
+
+static void *function(rt_cuda *k, cg_family f, const cg_variant *v, const char *name) {
+  const int h = function_slot(k, f, v, name);
+  return h < 0 ? NULL : k->fns[h].fn;
 }
 
 int rtk_launch(rt_cuda *k, cg_family f, const cg_variant *v, const char *name, uint64_t gx, uint64_t gy,
